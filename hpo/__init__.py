@@ -1,0 +1,1 @@
+"""hpo: studies dispatched through Ray Tune, recorded in an Optuna storage (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""service: the REST service, its dispatcher and the Optuna dashboard (see DESIGN.md)."""

@@ -1,0 +1,3 @@
+from trainers.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""Atomic checkpoints on disk, with retention of the last N and the best.
+
+Layout of a checkpoint root::
+
+    root/checkpoint-00000120/state.pt   everything needed to resume (torch.save)
+    root/checkpoint-00000120/meta.json  step, epoch, metrics: readable without torch
+    root/best.json                      {"step": 120, "metric": ..., "value": ...}
+
+A checkpoint directory is written under a temporary name, fsync'ed, then
+renamed into place, so a process killed while writing leaves the previous
+checkpoints untouched and loadable; leftovers of dead writers are removed by the
+next save. ``state.pt`` holds only tensors and plain Python values and is read
+with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainers.data import read_json, write_atomically
+from trainers.errors import CheckpointError
+
+_NAME = re.compile(r"^checkpoint-(\d{8})$")
+_TMP = re.compile(r"^\.(tmp|trash)-.*-(\d+)-[0-9a-f]{8}$")
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+BEST_FILE = "best.json"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = _NAME.match(child.name)
+        if m and (child / STATE_FILE).is_file() and (child / META_FILE).is_file():
+            found.append((int(m.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, or ``None``."""
+    found = list_checkpoints(Path(root))
+    return found[-1][1] if found else None
+
+
+def best_checkpoint(root: Path) -> Path | None:
+    """The checkpoint marked best under ``root``, or ``None``."""
+    best = Path(root) / BEST_FILE
+    if not best.is_file():
+        return None
+    path = Path(root) / f"checkpoint-{read_json(best)['step']:08d}"
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any],
+                    keep_last: int) -> Path:
+    """Write ``state`` as the checkpoint of ``step`` atomically, then apply retention.
+
+    A checkpoint already present for the same step is replaced.
+
+    Args:
+        root: the checkpoint root (created if missing).
+        step: optimizer updates so far, names the directory.
+        state: tensors and plain Python values (``torch.save``).
+        meta: JSON-compatible summary written beside it.
+        keep_last: number of newest checkpoints kept, besides the best (>= 1).
+
+    Returns:
+        The checkpoint directory.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"checkpoint-{step:08d}"
+    tag = f"{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = root / f".tmp-{tag}"
+    tmp.mkdir()
+    with open(tmp / STATE_FILE, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    write_atomically(tmp / META_FILE, json.dumps(meta, indent=1, sort_keys=True))
+    _fsync_dir(tmp)
+    trash = None
+    if final.exists():
+        trash = root / f".trash-{tag}"
+        os.rename(final, trash)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    _prune(root, keep_last)
+    return final
+
+
+def mark_best(root: Path, step: int, metric: str, value: float) -> None:
+    """Record (atomically) that the checkpoint of ``step`` is the best so far."""
+    payload = {"step": step, "metric": metric, "value": value}
+    write_atomically(Path(root) / BEST_FILE, json.dumps(payload))
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    best = best_checkpoint(root)
+    found = list_checkpoints(root)
+    for _, path in found[:-keep_last]:
+        if path != best:
+            shutil.rmtree(path, ignore_errors=True)
+    for child in root.iterdir():
+        m = _TMP.match(child.name)
+        if m and int(m.group(2)) != os.getpid() and not _pid_alive(int(m.group(2))):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read the state of a checkpoint directory, or of the newest one under a root.
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``.
+    """
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise CheckpointError(f"no checkpoint at {path} (expected {STATE_FILE} or "
+                                  f"checkpoint-NNNNNNNN/ directories)")
+        path = newest
+    try:
+        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same to the caller
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG state the loop depends on: Python, NumPy, torch CPU and CUDA."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                  "has_gauss": has_gauss, "gauss": gauss},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Restore the RNG states captured by :func:`capture_rng`."""
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,143 @@
+"""Everything the loop needs, decided once before it starts (the nanoGPT habit).
+
+:func:`build_run` turns a task and a config into a :class:`Run`: model on its
+device (DDP-wrapped and compiled when asked), optimizer, LR scheduler, loss
+scaler, EMA, autocast factory and datasets. Features that are off are no-op
+objects, so the loop itself has no feature flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainers.config import TrainConfig
+from trainers.data import n_updates_per_epoch
+from trainers.distributed import DistInfo, dist_info, wrap_ddp
+from trainers.ema import EMA
+from trainers.errors import ConfigError
+from trainers.optim import build_optimizer
+from trainers.precision import autocast_factory, build_scaler
+from trainers.schedules import build_scheduler
+from trainers.tasks.base import Task
+
+
+@dataclasses.dataclass
+class Run:
+    """The components of one training run (see module doc)."""
+
+    task: Task
+    config: TrainConfig
+    dist: DistInfo
+    model: nn.Module            # raw module: checkpoints, EMA and evaluation use it
+    train_model: nn.Module      # what the forward pass calls: DDP and/or compiled
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    ema: EMA | None
+    autocast: Callable[[], ContextManager]
+    train_set: Dataset
+    val_set: Dataset
+    samples_per_rank: int       # per epoch
+    updates_per_epoch: int
+    total_steps: int            # optimizer updates the schedule spans
+    early_stopping_metric: str
+    checkpoint_root: Path | None
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _total_steps(config: TrainConfig, updates_per_epoch: int) -> int:
+    limits = []
+    if config.max_updates is not None:
+        limits.append(config.max_updates)
+    if config.max_epochs is not None:
+        limits.append(config.max_epochs * updates_per_epoch)
+    return max(1, min(limits))
+
+
+def build_run(task: Task, config: TrainConfig) -> Run:
+    """Build every component of a run.
+
+    Raises:
+        ConfigError: the early-stopping metric is not one the task reports, or
+            the device is not available.
+    """
+    metric = config.early_stopping_metric or task.objective
+    if metric not in task.metrics:
+        raise ConfigError("early_stopping_metric",
+                          f"task {task.name!r} reports {sorted(task.metrics)}, not {metric!r}")
+    try:
+        info = dist_info(config.device)
+    except ValueError as e:
+        raise ConfigError("device", str(e)) from e
+    train_set, val_set = task.datasets(config.seed)
+    seed_everything(config.seed)
+    model = task.build_model(config).to(info.device)
+    # Dropout and other runtime randomness get their own stream per rank.
+    torch.manual_seed(config.seed * 1_000_003 + 1 + info.rank)
+    train_model = wrap_ddp(model, info)
+    if config.compile:
+        train_model = torch.compile(train_model)
+    optimizer = build_optimizer(model, config)
+    samples_per_rank = -(-len(train_set) // info.world_size)
+    per_epoch = n_updates_per_epoch(samples_per_rank, config.micro_batch_size,
+                                    config.grad_accum_steps)
+    total = _total_steps(config, per_epoch)
+    return Run(
+        task=task, config=config, dist=info, model=model, train_model=train_model,
+        optimizer=optimizer, scheduler=build_scheduler(optimizer, config, total),
+        scaler=build_scaler(config, info.device),
+        ema=EMA(model, config.ema_decay) if config.ema_decay is not None else None,
+        autocast=autocast_factory(config, info.device), train_set=train_set, val_set=val_set,
+        samples_per_rank=samples_per_rank, updates_per_epoch=per_epoch, total_steps=total,
+        early_stopping_metric=metric,
+        checkpoint_root=Path(config.checkpoint_dir) if config.checkpoint_dir else None,
+    )
+
+
+def apply_config_hyperparameters(run: Run) -> None:
+    """Make the optimizer and schedule follow ``run.config`` after loading a checkpoint.
+
+    ``optimizer.load_state_dict`` restores the saved group hyperparameters; a run
+    resumed with a changed LR or weight decay (PBT's exploit-and-explore) must
+    use the new ones, from the same position in the schedule.
+    """
+    c = run.config
+    decays = [c.weight_decay, 0.0]
+    for group, decay in zip(run.optimizer.param_groups, decays, strict=True):
+        group["weight_decay"] = decay
+        if c.optimizer == "sgd":
+            group["momentum"] = c.momentum
+        else:
+            group["betas"] = (c.adam_beta1, c.adam_beta2)
+    sched = run.scheduler
+    sched.base_lrs = [c.lr for _ in run.optimizer.param_groups]
+    factor = sched.lr_lambdas[0](sched.last_epoch)
+    for group in run.optimizer.param_groups:
+        group["lr"] = c.lr * factor
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """Move every tensor of a (nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(move_to(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    return batch

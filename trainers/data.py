@@ -1,0 +1,165 @@
+"""Data order, micro-batching, padding and token-window datasets.
+
+The order of an epoch comes from ``torch.utils.data.DistributedSampler``
+(shuffled with seed ``seed`` and ``set_epoch(epoch)``), also in a single process
+where it is the 1-replica case. The order therefore depends on the seed and the
+epoch only, never on the micro-batch size, and ``world_size`` ranks together
+see exactly the samples one process would: rank ``r`` takes positions
+``r, r + world_size, ...`` of the same permutation. (When the dataset size is
+not a multiple of ``world_size`` the sampler pads with a few repeated samples,
+so that every rank makes the same number of updates.)
+
+Tensor shape legend: B batch, T time (tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+def epoch_order(dataset: Dataset, *, seed: int, epoch: int, rank: int = 0,
+                world_size: int = 1) -> list[int]:
+    """The indices this rank visits in ``epoch``, in order (``DistributedSampler``)."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=False)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def micro_batches(order: Sequence[int], micro_batch_size: int) -> list[list[int]]:
+    """Consecutive micro-batches of ``order``; the last one may be smaller."""
+    return [list(order[i:i + micro_batch_size]) for i in range(0, len(order), micro_batch_size)]
+
+
+def n_updates_per_epoch(n_samples: int, micro_batch_size: int, grad_accum_steps: int) -> int:
+    """Optimizer updates in one epoch of ``n_samples`` (per rank); a partial group counts."""
+    n_micro = -(-n_samples // micro_batch_size)
+    return -(-n_micro // grad_accum_steps)
+
+
+def loader(dataset: Dataset, batches: list[list[int]], collate, *, num_workers: int = 0,
+           pin_memory: bool = False) -> DataLoader:
+    """A ``DataLoader`` that yields exactly ``batches`` (lists of indices), in order.
+
+    The loader gets its own generator so that creating its iterator never draws
+    from the global torch RNG, which dropout uses (a resumed run would otherwise
+    drift from the uninterrupted one).
+    """
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
+                      num_workers=num_workers, pin_memory=pin_memory,
+                      generator=torch.Generator().manual_seed(0))
+
+
+def grouped(it: Iterator, group_size: int) -> Iterator[list]:
+    """Consecutive groups of ``group_size`` items of ``it``; the last may be smaller."""
+    group: list = []
+    for item in it:
+        group.append(item)
+        if len(group) == group_size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def pad_collate(sequences: Sequence[torch.Tensor], pad_id: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad 1-D token sequences into a batch.
+
+    Args:
+        sequences: B tensors of shape (T_i,), int64.
+
+    Returns:
+        tokens_BT: int64, padded with ``pad_id``; mask_BT: bool, True on real tokens.
+    """
+    t_max = max(len(s) for s in sequences)
+    tokens_BT = torch.full((len(sequences), t_max), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros((len(sequences), t_max), dtype=torch.bool)
+    for i, s in enumerate(sequences):
+        tokens_BT[i, :len(s)] = s
+        mask_BT[i, :len(s)] = True
+    return tokens_BT, mask_BT
+
+
+class TokenWindows(Dataset):
+    """Random windows of ``block_size + 1`` tokens read from a memory-mapped token file.
+
+    Nothing but the windows asked for is read, so the token file may be far
+    larger than memory. Item ``i`` of epoch ``e`` is the window starting at
+    offset ``starts[i]``, with ``starts`` drawn from a generator seeded with
+    ``(seed, e)``: every epoch sees fresh windows, and the data order stays
+    index-based so that the position in an epoch can be checkpointed and
+    sharded across ranks like any map-style dataset.
+
+    Args:
+        tokens: a 1-D integer array (``np.memmap``), the token stream.
+        block_size: tokens of model input per window (>= 1).
+        n_windows: windows per epoch (>= 1).
+        seed: seed of the window offsets.
+
+    Items: ``(x_T, y_T)``, int64, ``y`` is ``x`` shifted by one token.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, n_windows: int, seed: int) -> None:
+        if len(tokens) <= block_size + 1:
+            raise ValueError(f"token stream of {len(tokens)} tokens is shorter than a window "
+                             f"({block_size=} + 1)")
+        self.tokens, self.block_size = tokens, block_size
+        self.n_windows, self.seed = n_windows, seed
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        high = len(self.tokens) - self.block_size - 1
+        self.starts = torch.randint(0, high + 1, (self.n_windows,), generator=g).tolist()
+
+    def __len__(self) -> int:
+        return self.n_windows
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.starts[i]
+        chunk = torch.from_numpy(self.tokens[start:start + self.block_size + 1].astype(np.int64))
+        return chunk[:-1], chunk[1:]
+
+
+class ContiguousBlocks(Dataset):
+    """Non-overlapping windows covering a token stream in order (for evaluation).
+
+    Items: ``(x_T, y_T)`` int64 as in :class:`TokenWindows`; at most ``max_blocks``.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, max_blocks: int | None = None) -> None:
+        n = (len(tokens) - 1) // block_size
+        self.tokens, self.block_size = tokens, block_size
+        self.n = n if max_blocks is None else min(n, max_blocks)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = i * self.block_size
+        chunk = torch.from_numpy(self.tokens[start:start + self.block_size + 1].astype(np.int64))
+        return chunk[:-1], chunk[1:]
+
+
+def write_atomically(path: Path, data: bytes | str) -> None:
+    """Write a file through a temporary file and ``os.replace`` (readers never see half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with open(tmp, mode) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

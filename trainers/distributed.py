@@ -1,0 +1,115 @@
+"""DDP helpers: who am I, which device, reduce statistics, broadcast decisions.
+
+The loop is distributed exactly when ``torch.distributed`` is initialized
+(``torchrun`` or Ray Train do that); otherwise every helper is the 1-process
+identity, so the loop has no DDP branches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    """Rank, world size and this process's device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def dist_info(device_setting: str) -> DistInfo:
+    """Describe this process; ``device_setting`` is ``TrainConfig.device``.
+
+    Under DDP with CUDA, ``auto``/``cuda`` mean ``cuda:LOCAL_RANK``.
+
+    Raises:
+        ValueError: CUDA asked for but not available.
+    """
+    initialized = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if initialized else 0
+    world = dist.get_world_size() if initialized else 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if initialized else 0
+    if device_setting == "auto":
+        device_setting = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_setting.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device_setting!r} asked for, but CUDA is not available")
+    if device_setting == "cuda":
+        device_setting = f"cuda:{local_rank}"
+    return DistInfo(rank, world, local_rank, torch.device(device_setting))
+
+
+def init_distributed_from_env() -> int:
+    """Join the process group that ``torchrun`` describes (``WORLD_SIZE`` > 1); return the rank.
+
+    Uses NCCL when CUDA is available, else gloo. Without ``WORLD_SIZE`` (a
+    plain single process) nothing is initialized and the rank is 0.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
+def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
+    """``DistributedDataParallel(model)`` under DDP, else ``model`` unchanged."""
+    if not info.enabled:
+        return model
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def all_reduce_sums(values: Mapping[str, float | torch.Tensor], info: DistInfo,
+                    ) -> dict[str, float]:
+    """Sum every value across ranks (one collective); identity in one process."""
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    if info.enabled:
+        t = t.to(info.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return dict(zip(keys, t.tolist(), strict=True))
+
+
+def all_reduce_max(value: float, info: DistInfo) -> float:
+    """The maximum of ``value`` over ranks."""
+    if not info.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def broadcast_flag(flag: bool, info: DistInfo) -> bool:
+    """Rank 0's value of ``flag``, on every rank."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=info.device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def gather_objects(obj: object, info: DistInfo) -> list[object]:
+    """``obj`` of every rank, in rank order (on every rank)."""
+    if not info.enabled:
+        return [obj]
+    out: list[object] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out

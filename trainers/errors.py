@@ -1,0 +1,60 @@
+"""Domain errors of the training engine, all in one place.
+
+Every error derives from :class:`TrainersError`; callers that only need to know
+"the training engine refused or failed" catch that one class.
+"""
+
+from __future__ import annotations
+
+
+class TrainersError(Exception):
+    """Base class of every error raised by :mod:`trainers`."""
+
+
+class ConfigError(TrainersError, ValueError):
+    """A configuration value is invalid.
+
+    Attributes:
+        field: the name of the offending field (a ``TrainConfig`` field, a task
+            option or a parameter name), so that callers can point at it.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+class UnknownTaskError(TrainersError, LookupError):
+    """No built-in or installed task has this name."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown task {name!r}; known tasks: {', '.join(sorted(known))}")
+        self.name = name
+
+
+class NonFiniteError(TrainersError, FloatingPointError):
+    """The loss or the gradient norm of an optimizer update is NaN or infinite.
+
+    Raised before the update is applied, so the parameters are those of the
+    previous update. Under fp16 with loss scaling the update is skipped instead
+    (see ``trainers.precision``).
+
+    Attributes:
+        step: the 1-based number of the optimizer update that was refused.
+        quantity: ``"loss"`` or ``"grad_norm"``.
+        value: the offending value.
+    """
+
+    def __init__(self, step: int, quantity: str, value: float) -> None:
+        super().__init__(
+            f"non-finite {quantity} ({value}) at optimizer update {step}; "
+            "the update was not applied"
+        )
+        self.step = step
+        self.quantity = quantity
+        self.value = value
+
+
+class CheckpointError(TrainersError):
+    """A checkpoint is missing, unreadable, or does not match the run resuming it."""

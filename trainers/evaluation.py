@@ -1,0 +1,37 @@
+"""Evaluation over the validation set, sharded across ranks and reduced exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainers.components import move_to
+from trainers.data import loader, micro_batches
+from trainers.distributed import DistInfo, all_reduce_sums
+from trainers.tasks.base import Task
+
+
+@torch.no_grad()
+def evaluate(task: Task, model: nn.Module, dataset: Dataset, info: DistInfo,
+             autocast: Callable[[], ContextManager], batch_size: int) -> dict[str, float]:
+    """The task's evaluation metrics of ``model`` on ``dataset``.
+
+    Rank ``r`` evaluates samples ``r, r + world_size, ...`` (no padding, so every
+    sample counts once); the task's additive statistics are summed over ranks
+    and turned into metrics by ``task.eval_metrics``. The model is left in eval
+    mode; the caller switches it back.
+    """
+    model.eval()
+    order = list(range(info.rank, len(dataset), info.world_size))
+    sums: dict[str, float] = {}
+    data = loader(dataset, micro_batches(order, batch_size), task.collate)
+    for batch in data:
+        with autocast():
+            stats = task.eval_sums(model, move_to(batch, info.device))
+        for key, value in stats.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    return task.eval_metrics(all_reduce_sums(sums, info))

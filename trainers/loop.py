@@ -1,0 +1,418 @@
+"""The training loop: ``fit(task, config, reporter, resume_from) -> TrainResult``.
+
+One optimizer update ("step") consumes one accumulation group of
+``grad_accum_steps`` micro-batches (fewer at the end of an epoch). Each
+micro-batch's summed loss is divided by the number of items (samples, or real
+tokens) of the *whole group across all ranks*, so the accumulated gradient is
+exactly the gradient of the group's mean loss, whatever the micro-batch size,
+the number of accumulation steps or of ranks. Under DDP the gradients are
+synchronized only on the last micro-batch of a group (``no_sync()``).
+
+After backward: the loss scaler unscales the gradients (fp16), the global norm
+is measured and clipped, then either
+
+* the update is applied: optimizer, LR scheduler and EMA step once; or
+* fp16 found inf/NaN: the scaler skips the update and backs off its scale;
+  nothing else moves, and ``skipped_updates`` counts it; or
+* outside fp16 a non-finite loss or gradient norm raises ``NonFiniteError``
+  before anything is applied.
+
+Metrics reported at every evaluation (``Reporter.report``):
+
+=====================  ==========================================================
+``step``               optimizer updates applied so far
+``epoch``              epochs completed, fractional (3.5 = half-way through the 4th)
+``train_loss``         mean loss per item over the updates since the last evaluation
+``<task metrics>``     the task's evaluation metrics (``val_loss``, ...)
+``lr``                 the learning rate of the next update
+``grad_norm``          unclipped, unscaled global gradient L2 norm of the last update
+``loss_scale``         the fp16 loss scale (1.0 without fp16)
+``skipped_updates``    fp16 updates skipped for overflow, in total
+``samples``            training samples processed so far, all ranks
+``samples_per_s``      training throughput since the last evaluation, all ranks
+``tokens_per_s``       the same in tokens (token tasks only)
+``peak_memory_bytes``  peak CUDA memory allocated, or the process's peak RSS on CPU
+``time_s``             seconds since ``fit`` started
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainers import checkpoint as ckpt
+from trainers.components import Run, apply_config_hyperparameters, build_run, move_to
+from trainers.config import TrainConfig
+from trainers.data import epoch_order, grouped, loader, micro_batches
+from trainers.distributed import (
+    all_reduce_max,
+    all_reduce_sums,
+    broadcast_flag,
+    gather_objects,
+)
+from trainers.errors import CheckpointError, NonFiniteError
+from trainers.evaluation import evaluate
+from trainers.fields import to_dict
+from trainers.precision import MAX_SKIPPED_IN_A_ROW
+from trainers.reporting import Decision, NullReporter, Reporter
+from trainers.tasks.base import Task
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Counters that survive a restart (saved in every checkpoint)."""
+
+    step: int = 0                 # optimizer updates applied
+    epoch: int = 0                # current epoch, 0-based
+    position: int = 0             # samples of this epoch already consumed by this rank
+    skipped_updates: int = 0
+    skipped_in_a_row: int = 0
+    samples: int = 0              # training samples processed, all ranks
+    best_value: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+    stop_reason: str | None = None
+
+
+@dataclasses.dataclass
+class Window:
+    """Training statistics since the last evaluation (not checkpointed)."""
+
+    loss_sum: float = 0.0
+    items: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    grad_norm: float = float("nan")
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What ``fit`` returns.
+
+    Attributes:
+        metrics: the last evaluation's metrics (also the last report).
+        history: the metrics of every evaluation, in order.
+        n_updates: optimizer updates applied.
+        stop_reason: ``max_updates``, ``max_epochs``, ``early_stopping`` or ``reporter``.
+        best_metric / best_value / best_step: the early-stopping metric's best
+            evaluation (``best_value`` is None if no evaluation was finite).
+        checkpoint_dir: the checkpoint root, if checkpoints were written.
+        model: the trained raw module (not DDP-wrapped); ema_model: its EMA, if any.
+    """
+
+    metrics: dict[str, float]
+    history: list[dict[str, float]]
+    n_updates: int
+    stop_reason: str
+    best_metric: str
+    best_value: float | None
+    best_step: int | None
+    checkpoint_dir: Path | None
+    model: nn.Module
+    ema_model: nn.Module | None
+
+
+def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
+        resume_from: str | Path | None = None) -> TrainResult:
+    """Train ``task`` under ``config``; report at every evaluation.
+
+    Args:
+        task: the model, data and loss (``trainers.tasks.create`` builds one).
+        config: the run's configuration.
+        reporter: receives the metrics of every evaluation and may stop the run
+            or ask for a checkpoint; default: none.
+        resume_from: a checkpoint directory, or a checkpoint root (its newest
+            checkpoint is used). Same config: the run continues bit for bit as
+            if never interrupted (fp32, CPU). A changed config (PBT) keeps model,
+            optimizer state and schedule position and takes the new hyperparameters.
+
+    Returns:
+        The final metrics, the history of evaluations and the trained model.
+
+    Raises:
+        ConfigError: the config does not suit the task or the machine.
+        NonFiniteError: a NaN/inf loss or gradient norm outside fp16 scaling.
+        CheckpointError: ``resume_from`` holds no usable checkpoint.
+    """
+    reporter = reporter or NullReporter()
+    run = build_run(task, config)
+    state = TrainState()
+    if resume_from is not None:
+        _restore(run, state, ckpt.load_checkpoint(Path(resume_from)))
+    loop = _Loop(run, state, reporter)
+    loop.train()
+    return TrainResult(
+        metrics=loop.history[-1] if loop.history else {}, history=loop.history,
+        n_updates=state.step, stop_reason=state.stop_reason or "max_updates",
+        best_metric=run.early_stopping_metric, best_value=state.best_value,
+        best_step=state.best_step, checkpoint_dir=run.checkpoint_root, model=run.model,
+        ema_model=run.ema.module if run.ema else None,
+    )
+
+
+class _Loop:
+    """The loop's mutable state and its three actions: update, evaluate, checkpoint."""
+
+    def __init__(self, run: Run, state: TrainState, reporter: Reporter) -> None:
+        self.run, self.state, self.reporter = run, state, reporter
+        self.window = Window()
+        self.history: list[dict[str, float]] = []
+        self.started = time.perf_counter()
+        self.last_eval: tuple[int, int] | None = None
+        self.rng_snapshot: list[Any] | None = None
+        if run.dist.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(run.dist.device)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def train(self) -> None:
+        run, state, c = self.run, self.state, self.run.config
+        run.model.train()
+        while state.stop_reason is None:
+            if c.max_epochs is not None and state.epoch >= c.max_epochs:
+                state.stop_reason = "max_epochs"
+                break
+            if c.max_updates is not None and state.step >= c.max_updates:
+                state.stop_reason = "max_updates"
+                break
+            if hasattr(run.train_set, "set_epoch"):
+                run.train_set.set_epoch(state.epoch)
+            order = epoch_order(run.train_set, seed=c.seed, epoch=state.epoch,
+                                rank=run.dist.rank, world_size=run.dist.world_size)
+            batches = micro_batches(order[state.position:], c.micro_batch_size)
+            data = loader(run.train_set, batches, run.task.collate, num_workers=c.num_workers,
+                          pin_memory=run.dist.device.type == "cuda")
+            for group in grouped(iter(data), c.grad_accum_steps):
+                applied = self._update(group)
+                if applied:
+                    self._after_update()
+                if state.stop_reason is None and c.max_updates is not None \
+                        and state.step >= c.max_updates:
+                    state.stop_reason = "max_updates"
+                if state.stop_reason is not None:
+                    break
+            else:
+                state.epoch += 1
+                state.position = 0
+                if c.eval_interval is None:
+                    self._evaluate_and_report()
+        if self.last_eval != self._position_key():
+            self._evaluate_and_report()
+
+    def _position_key(self) -> tuple[int, int]:
+        return (self.state.step, self.state.samples)
+
+    def _after_update(self) -> None:
+        c, step = self.run.config, self.state.step
+        if c.eval_interval is not None and step % c.eval_interval == 0:
+            self._evaluate_and_report()
+        elif c.checkpoint_interval is not None and step % c.checkpoint_interval == 0:
+            self._snapshot_rng()
+            self._save(self._meta())
+
+    # -- one optimizer update -----------------------------------------------------------
+
+    def _update(self, group: list[Any]) -> bool:
+        """Forward and backward over one accumulation group, then step; True if applied."""
+        run, state, task = self.run, self.state, self.run.task
+        t0 = time.perf_counter()
+        group = [move_to(b, run.dist.device) for b in group]
+        n_items = sum(task.n_items(b) for b in group)
+        n_samples = sum(task.n_samples(b) for b in group)
+        counts = all_reduce_sums({"items": n_items, "samples": n_samples}, run.dist)
+        scale = run.dist.world_size / counts["items"]
+        loss_sum = torch.zeros((), device=run.dist.device)
+        for i, batch in enumerate(group):
+            last = i == len(group) - 1
+            sync = contextlib.nullcontext() if last or not run.dist.enabled \
+                else run.train_model.no_sync()
+            with sync:
+                with run.autocast():
+                    micro_loss = task.loss_sum(run.train_model, batch)
+                run.scaler.scale(micro_loss.float() * scale).backward()
+            loss_sum += micro_loss.detach().float()
+        state.position += n_samples
+        run.scaler.unscale_(run.optimizer)
+        grad_norm_t = _clip(run.model, run.config.max_grad_norm)
+        local_loss, grad_norm = torch.stack([loss_sum, grad_norm_t.float()]).tolist()
+        if not run.scaler.is_enabled():
+            self._check_finite(local_loss, grad_norm)
+        scale_before = run.scaler.get_scale()
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        applied = not run.scaler.is_enabled() or run.scaler.get_scale() >= scale_before
+        run.optimizer.zero_grad(set_to_none=True)
+        state.samples += int(counts["samples"])
+        if applied:
+            run.scheduler.step()
+            if run.ema is not None:
+                run.ema.update(run.model)
+            state.step += 1
+            state.skipped_in_a_row = 0
+            w = self.window
+            w.loss_sum += local_loss
+            w.items += n_items
+            w.samples += int(counts["samples"])
+            w.grad_norm = grad_norm
+        else:
+            state.skipped_updates += 1
+            state.skipped_in_a_row += 1
+            if state.skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
+                raise NonFiniteError(state.step + 1, "grad_norm", grad_norm)
+        self.window.seconds += time.perf_counter() - t0
+        return applied
+
+    def _check_finite(self, loss: float, grad_norm: float) -> None:
+        bad = 0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0
+        if all_reduce_max(bad, self.run.dist) > 0:
+            step = self.state.step + 1
+            if not math.isfinite(loss):
+                raise NonFiniteError(step, "loss", loss)
+            raise NonFiniteError(step, "grad_norm", grad_norm)
+
+    # -- evaluation and reporting -------------------------------------------------------
+
+    def _evaluate_and_report(self) -> None:
+        run, state, c = self.run, self.state, self.run.config
+        eval_model = run.ema.module if run.ema is not None and c.eval_with_ema else run.model
+        metrics = self._train_metrics()
+        metrics.update(evaluate(run.task, eval_model, run.val_set, run.dist, run.autocast,
+                                c.eval_batch_size or c.micro_batch_size))
+        run.model.train()
+        is_best = self._track_best(metrics[run.early_stopping_metric])
+        self.history.append(metrics)
+        self.last_eval = self._position_key()
+        self._snapshot_rng()
+        meta = self._meta(metrics)
+        if run.checkpoint_root is not None and (c.checkpoint_interval is None or is_best or (
+                c.checkpoint_interval is not None and state.step % c.checkpoint_interval == 0)):
+            self._save(meta)
+            if is_best and run.dist.is_main:
+                ckpt.mark_best(run.checkpoint_root, state.step, run.early_stopping_metric,
+                               state.best_value)
+        decision = self.reporter.report(metrics, lambda: self._save(meta))
+        if broadcast_flag(decision is Decision.STOP, run.dist):
+            state.stop_reason = "reporter"
+        elif c.early_stopping_patience is not None \
+                and state.evals_without_improvement >= c.early_stopping_patience:
+            state.stop_reason = "early_stopping"
+
+    def _train_metrics(self) -> dict[str, float]:
+        run, state, w = self.run, self.state, self.window
+        sums = all_reduce_sums({"loss": w.loss_sum, "items": w.items}, run.dist)
+        seconds = all_reduce_max(w.seconds, run.dist)
+        metrics = {
+            "step": state.step,
+            "epoch": state.epoch + state.position / max(1, run.samples_per_rank),
+            "train_loss": sums["loss"] / sums["items"] if sums["items"] else float("nan"),
+            "lr": run.optimizer.param_groups[0]["lr"],
+            "grad_norm": w.grad_norm,
+            "loss_scale": run.scaler.get_scale() if run.scaler.is_enabled() else 1.0,
+            "skipped_updates": state.skipped_updates,
+            "samples": state.samples,
+            "samples_per_s": w.samples / seconds if seconds > 0 else float("nan"),
+            "peak_memory_bytes": _peak_memory_bytes(run.dist.device),
+            "time_s": time.perf_counter() - self.started,
+        }
+        if run.task.item_unit == "token":
+            metrics["tokens_per_s"] = sums["items"] / seconds if seconds > 0 else float("nan")
+        self.window = Window(grad_norm=w.grad_norm)
+        return metrics
+
+    def _track_best(self, value: float) -> bool:
+        """Update the early-stopping state with one evaluation; True if it is the best."""
+        state, c = self.state, self.run.config
+        maximize = self.run.task.metrics[self.run.early_stopping_metric] == "maximize"
+        signed = value if maximize else -value
+        best = None if state.best_value is None else (
+            state.best_value if maximize else -state.best_value)
+        improved = math.isfinite(value) and (
+            best is None or signed > best + c.early_stopping_min_delta)
+        if improved:
+            state.best_value, state.best_step = value, state.step
+            state.evals_without_improvement = 0
+        else:
+            state.evals_without_improvement += 1
+        return improved
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def _snapshot_rng(self) -> None:
+        self.rng_snapshot = gather_objects(ckpt.capture_rng(), self.run.dist)
+
+    def _meta(self, metrics: dict[str, float] | None = None) -> dict[str, Any]:
+        s = self.state
+        return {"step": s.step, "epoch": s.epoch, "position": s.position,
+                "task": self.run.task.name, "config": to_dict(self.run.config),
+                "options": to_dict(self.run.task.options), "metrics": metrics or {}}
+
+    def _save(self, meta: dict[str, Any]) -> Path | None:
+        run = self.run
+        if run.checkpoint_root is None or not run.dist.is_main:
+            return None
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "task": run.task.name,
+            "options": to_dict(run.task.options),
+            "config": to_dict(run.config),
+            "world_size": run.dist.world_size,
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "scaler": run.scaler.state_dict(),
+            "ema": run.ema.state_dict() if run.ema is not None else None,
+            "trainer": dataclasses.asdict(self.state),
+            "rng": self.rng_snapshot,
+        }
+        return ckpt.save_checkpoint(run.checkpoint_root, self.state.step, state, meta,
+                                    run.config.keep_last_checkpoints)
+
+
+def _restore(run: Run, state: TrainState, saved: dict[str, Any]) -> None:
+    """Load a checkpoint's state into a freshly built run."""
+    if saved.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"unsupported checkpoint format {saved.get('format')!r}")
+    if saved["world_size"] != run.dist.world_size:
+        raise CheckpointError(f"checkpoint was written by {saved['world_size']} ranks, "
+                              f"this run has {run.dist.world_size}")
+    try:
+        run.model.load_state_dict(saved["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint does not fit this model: {e}") from e
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.scheduler.load_state_dict(saved["scheduler"])
+    if saved["scaler"]:
+        run.scaler.load_state_dict(saved["scaler"])
+    if run.ema is not None and saved["ema"] is not None:
+        run.ema.load_state_dict(saved["ema"])
+    apply_config_hyperparameters(run)
+    for key, value in saved["trainer"].items():
+        setattr(state, key, value)
+    state.stop_reason = None
+    if saved["rng"] is not None:
+        ckpt.restore_rng(saved["rng"][run.dist.rank])
+
+
+def _clip(model: nn.Module, max_norm: float | None) -> torch.Tensor:
+    """Clip gradients to ``max_norm`` (if set); return the global norm before clipping."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if max_norm is None:
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB

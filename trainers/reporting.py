@@ -1,0 +1,68 @@
+"""How the training loop talks to the outside: the ``Reporter`` protocol.
+
+At every evaluation the loop calls ``reporter.report(metrics, save_checkpoint)``
+and obeys the returned :class:`Decision`. A reporter that wants the state of
+this very step persisted (Ray Tune attaches a checkpoint to a result; PBT needs
+one to exploit) calls ``save_checkpoint()``, which writes a complete checkpoint
+atomically and returns its directory.
+
+Under DDP every rank calls ``report`` with the same, already reduced metrics;
+``save_checkpoint`` writes only on rank 0 (it returns ``None`` elsewhere), and
+rank 0's decision is the one every rank follows.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+Metrics = Mapping[str, float]
+SaveCheckpoint = Callable[[], "Path | None"]
+
+
+class Decision(enum.Enum):
+    """What the loop does after a report."""
+
+    CONTINUE = "continue"
+    STOP = "stop"
+
+
+@runtime_checkable
+class Reporter(Protocol):
+    """Receives the metrics of every evaluation and decides whether training goes on."""
+
+    def report(self, metrics: Metrics, save_checkpoint: SaveCheckpoint) -> Decision:
+        """Take one evaluation's metrics.
+
+        Args:
+            metrics: see ``trainers.loop`` for the keys (``step`` = optimizer
+                updates so far, ``epoch``, ``train_loss``, the task's evaluation
+                metrics, ``lr``, ``grad_norm``, ...).
+            save_checkpoint: call it to write a checkpoint of the current state;
+                returns the checkpoint directory (``None`` on ranks other than 0
+                or when the run has no ``checkpoint_dir``).
+
+        Returns:
+            ``Decision.STOP`` to end training after this evaluation.
+        """
+        ...
+
+
+class NullReporter:
+    """A reporter that keeps nothing and never stops training."""
+
+    def report(self, metrics: Metrics, save_checkpoint: SaveCheckpoint) -> Decision:
+        return Decision.CONTINUE
+
+
+class ListReporter:
+    """Keeps every report in ``self.reports``; handy in tests and notebooks."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, float]] = []
+
+    def report(self, metrics: Metrics, save_checkpoint: SaveCheckpoint) -> Decision:
+        self.reports.append(dict(metrics))
+        return Decision.CONTINUE

@@ -1,0 +1,90 @@
+"""The task registry: built-in tasks plus tasks installed through the ``hpo.trainers`` entry points.
+
+A package registers its own task in its ``pyproject.toml``::
+
+    [project.entry-points."hpo.trainers"]
+    mytask = "mypackage.tasks:MyTask"
+
+where ``MyTask`` subclasses :class:`trainers.tasks.Task`. Modules are imported
+only when their task is asked for (``digits`` pulls in scikit-learn).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Mapping
+from typing import Any
+
+from trainers.config import TrainConfig
+from trainers.errors import ConfigError, UnknownTaskError
+from trainers.fields import build, describe
+from trainers.tasks.base import Direction, NoOptions, Task
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Direction",
+    "NoOptions",
+    "Task",
+    "create",
+    "get_task",
+    "list_tasks",
+]
+
+ENTRY_POINT_GROUP = "hpo.trainers"
+
+_BUILTIN = {
+    "digits": "trainers.tasks.digits:DigitsTask",
+    "charlm": "trainers.tasks.charlm:CharLMTask",
+}
+
+
+def _targets() -> dict[str, str]:
+    targets = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    targets.update(_BUILTIN)  # an installed package cannot shadow a built-in task
+    return targets
+
+
+def list_tasks() -> list[str]:
+    """Names of every built-in and installed task, sorted."""
+    return sorted(_targets())
+
+
+def get_task(name: str) -> type[Task]:
+    """The task class registered under ``name``.
+
+    Raises:
+        UnknownTaskError: no such task.
+        TypeError: the entry point does not name a ``Task`` subclass.
+    """
+    targets = _targets()
+    if name not in targets:
+        raise UnknownTaskError(name, list(targets))
+    module_name, _, attr = targets[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise TypeError(f"entry point {name!r} = {targets[name]!r} is not a trainers Task subclass")
+    return cls
+
+
+def create(name: str, params: Mapping[str, Any] | None = None) -> tuple[Task, TrainConfig]:
+    """A task instance and its ``TrainConfig`` from one flat mapping of parameters.
+
+    Each key is either a ``TrainConfig`` field or one of the task's options;
+    ``TrainConfig`` starts from the task's ``default_config``.
+
+    Raises:
+        UnknownTaskError: no such task.
+        ConfigError: a key is neither a ``TrainConfig`` field nor a task option,
+            or a value is invalid (the error names the key).
+    """
+    cls = get_task(name)
+    params = dict(params or {})
+    config_names = {f.name for f in describe(TrainConfig)}
+    option_names = {f.name for f in cls.fields()}
+    unknown = sorted(set(params) - config_names - option_names)
+    if unknown:
+        raise ConfigError(unknown[0], f"not a training option nor an option of task {name!r}")
+    config_values = {**cls.default_config, **{k: v for k, v in params.items() if k in config_names}}
+    options = build(cls.Options, {k: v for k, v in params.items() if k in option_names})
+    return cls(options), build(TrainConfig, config_values)

@@ -1,0 +1,108 @@
+"""The ``Task`` protocol: what the loop needs to know about a model and its data.
+
+A task owns a model, its datasets and its loss. The loop owns everything else
+(batching, accumulation, precision, schedules, checkpoints, DDP). Losses are
+returned as *sums* over items (samples, or real tokens for token losses) so that
+the loop can average over the whole accumulation group, across ranks, exactly.
+
+Tensor shape legend used by the built-in tasks: B batch, T time (tokens),
+C channels, H/W height/width, V vocabulary, D model width.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from trainers.config import TrainConfig
+from trainers.fields import FieldInfo, describe
+
+Direction = Literal["minimize", "maximize"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NoOptions:
+    """A task without options of its own."""
+
+
+class Task(abc.ABC):
+    """A trainable problem: a model, its data, its loss and its evaluation metrics.
+
+    Subclasses set the class attributes and implement the abstract methods.
+
+    Class attributes:
+        name: the registry name (``digits``).
+        Options: a keyword-only dataclass of the task's own hyperparameters
+            (model width, dropout, ...), declared with ``trainers.fields.option``.
+        metrics: every evaluation metric the task reports, with its direction.
+        objective: the default metric to optimize (a key of ``metrics``).
+        item_unit: ``"sample"`` or ``"token"``: what ``n_items`` counts and the
+            loss is averaged over. With ``"token"`` the loop reports tokens/s.
+        default_config: ``TrainConfig`` values with which the task trains well.
+    """
+
+    name: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+    metrics: ClassVar[Mapping[str, Direction]]
+    objective: ClassVar[str]
+    item_unit: ClassVar[Literal["sample", "token"]] = "sample"
+    default_config: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    # -- what a task must provide -------------------------------------------------------
+
+    @abc.abstractmethod
+    def datasets(self, seed: int) -> tuple[Dataset, Dataset]:
+        """The training and validation datasets (map-style: ``len`` and ``__getitem__``).
+
+        ``seed`` is the run's seed, for data drawn at random (the loop's own
+        shuffling does not need it). A training dataset with a
+        ``set_epoch(epoch)`` method is told every epoch before it is read.
+        """
+
+    @abc.abstractmethod
+    def build_model(self, config: TrainConfig) -> nn.Module:
+        """A freshly initialized model; the loop seeds the global RNG before calling.
+
+        ``config.activation_checkpointing`` asks for per-block recomputation.
+        """
+
+    @abc.abstractmethod
+    def loss_sum(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The *sum* of per-item losses of a micro-batch: a 0-dim float tensor."""
+
+    @abc.abstractmethod
+    def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Additive statistics of one evaluation batch (0-dim tensors), e.g. loss sum, count."""
+
+    @abc.abstractmethod
+    def eval_metrics(self, sums: Mapping[str, float]) -> dict[str, float]:
+        """The evaluation metrics from the statistics summed over the whole validation set."""
+
+    # -- defaults that suit most tasks ----------------------------------------------------
+
+    def collate(self, samples: list[Any]) -> Any:
+        """Stack a list of samples into a micro-batch."""
+        return default_collate(samples)
+
+    def n_samples(self, batch: Any) -> int:
+        """Number of samples in a micro-batch (default: length of the first tensor)."""
+        first = batch[0] if isinstance(batch, tuple | list) else batch
+        return int(first.shape[0])
+
+    def n_items(self, batch: Any) -> int:
+        """Number of loss items in a micro-batch: samples, or real (unpadded) tokens."""
+        return self.n_samples(batch)
+
+    @classmethod
+    def fields(cls) -> list[FieldInfo]:
+        """The task's own options (``TrainConfig`` fields are described separately)."""
+        return describe(cls.Options)
