@@ -1,0 +1,167 @@
+"""Checkpoints: complete contents, atomic writes, retention, bit-exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainers.toy_tasks import RegressionOptions, RegressionTask
+from trainers import Decision, ListReporter, TrainConfig, fit
+from trainers.checkpoint import (
+    best_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
+from trainers.errors import CheckpointError
+
+REPO = Path(__file__).resolve().parents[2]
+OPTIONS = RegressionOptions(n_samples=64, dropout=0.3, batch_norm=True)
+
+
+def _config(tmp_path: Path, **kw) -> TrainConfig:
+    base = dict(micro_batch_size=8, grad_accum_steps=2, max_updates=11, max_epochs=None,
+                eval_interval=1, lr=0.05, weight_decay=0.01, warmup_steps=2, ema_decay=0.9,
+                checkpoint_dir=str(tmp_path), keep_last_checkpoints=50, seed=7,
+                early_stopping_patience=100)
+    return TrainConfig(**{**base, **kw})
+
+
+class StopAt(ListReporter):
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def report(self, metrics, save_checkpoint):
+        super().report(metrics, save_checkpoint)
+        return Decision.STOP if metrics["step"] == self.step else Decision.CONTINUE
+
+
+def _trajectory(reports):
+    return [(r["step"], r["train_loss"], r["val_loss"]) for r in reports]
+
+
+@pytest.mark.parametrize("k", [4, 6], ids=["epoch-boundary", "mid-epoch"])
+def test_resume_is_bit_identical_to_uninterrupted_run(k, tmp_path):
+    # 64 samples / (8 x 2) = 4 updates per epoch: k=4 ends epoch 0, k=6 is mid-epoch 1.
+    # Dropout and BatchNorm make the run depend on the RNG and buffer states.
+    full_reporter = ListReporter()
+    full = fit(RegressionTask(OPTIONS), _config(tmp_path / "full"), full_reporter)
+
+    first = StopAt(k)
+    fit(RegressionTask(OPTIONS), _config(tmp_path / "cut"), first)
+    assert first.reports[-1]["step"] == k
+    second = ListReporter()
+    resumed = fit(RegressionTask(OPTIONS), _config(tmp_path / "cut"), second,
+                  resume_from=tmp_path / "cut")
+    assert second.reports[0]["step"] == k + 1
+    assert _trajectory(first.reports + second.reports) == _trajectory(full_reporter.reports)
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(full.ema_model.state_dict().values(),
+                    resumed.ema_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_checkpoint_holds_every_piece_of_state(tmp_path):
+    fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=6, precision="fp16"))
+    state = load_checkpoint(latest_checkpoint(tmp_path))
+    for key in ["model", "optimizer", "scheduler", "scaler", "ema", "trainer", "rng", "config"]:
+        assert state[key] is not None, key
+    trainer = state["trainer"]
+    groups = 6 + trainer["skipped_updates"]  # fp16 may skip early updates; they consume data
+    assert (trainer["step"], trainer["epoch"], trainer["position"]) == (6, 1, 16 * groups - 64)
+    assert {"best_value", "best_step", "evals_without_improvement", "skipped_updates"} <= set(
+        trainer)
+    assert set(state["rng"][0]) == {"python", "numpy", "torch", "cuda"}
+    assert state["scaler"]["scale"] > 0
+    assert state["scheduler"]["last_epoch"] == 6
+    meta = json.loads((latest_checkpoint(tmp_path) / "meta.json").read_text())
+    assert meta["step"] == 6 and meta["task"] == "toy-regression"
+
+
+def test_last_n_and_best_are_kept(tmp_path):
+    class Scripted(RegressionTask):
+        values = iter([5.0, 1.0, 4.0, 3.0, 2.5, 2.0])  # best at step 2
+
+        def eval_metrics(self, sums):
+            return {"val_loss": next(self.values)}
+
+    fit(Scripted(OPTIONS), _config(tmp_path, max_updates=6, keep_last_checkpoints=2))
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [2, 5, 6]
+    assert best_checkpoint(tmp_path).name == "checkpoint-00000002"
+    assert json.loads((tmp_path / "best.json").read_text())["value"] == 1.0
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, torch
+    from trainers import checkpoint
+    from tests.trainers.toy_tasks import RegressionTask
+    from trainers import TrainConfig, fit
+
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def dying_save(obj, f, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:  # third checkpoint: write half a file, then die
+            f.write(b"PK\\x03\\x04 partial")
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_save(obj, f, *a, **kw)
+
+    checkpoint.torch.save = dying_save
+    config = TrainConfig(micro_batch_size=8, max_updates=10, max_epochs=None, eval_interval=1,
+                         checkpoint_dir=sys.argv[1], keep_last_checkpoints=5)
+    fit(RegressionTask(), config)
+""")
+
+
+def test_process_killed_while_writing_leaves_previous_checkpoint_loadable(tmp_path):
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_SCRIPT)
+    root = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, str(script), str(root)], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == -9
+    assert [step for step, _ in list_checkpoints(root)] == [1, 2]
+    leftovers = [p.name for p in root.iterdir() if p.name.startswith(".tmp-")]
+    assert len(leftovers) == 1  # the half-written one, never renamed into place
+    assert load_checkpoint(root)["trainer"]["step"] == 2
+    # resuming works and the next save cleans the dead writer's leftovers
+    fit(RegressionTask(), TrainConfig(micro_batch_size=8, max_updates=4, max_epochs=None,
+                                      eval_interval=1, checkpoint_dir=str(root)),
+        resume_from=root)
+    assert [step for step, _ in list_checkpoints(root)][-1] == 4
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_resume_from_nothing_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        fit(RegressionTask(), TrainConfig(max_updates=1, max_epochs=None), resume_from=tmp_path)
+
+
+def test_resume_into_a_different_model_is_a_clear_error(tmp_path):
+    fit(RegressionTask(), _config(tmp_path, max_updates=1))
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        fit(RegressionTask(RegressionOptions(hidden=3)), _config(tmp_path, max_updates=2),
+            resume_from=tmp_path)
+
+
+def test_resume_with_changed_lr_takes_the_new_lr_at_the_same_schedule_position(tmp_path):
+    reporter = StopAt(3)
+    fit(RegressionTask(), _config(tmp_path, max_updates=8, schedule="constant"), reporter)
+    assert reporter.reports[-1]["lr"] == pytest.approx(0.05)
+    after = ListReporter()
+    fit(RegressionTask(), _config(tmp_path, max_updates=8, schedule="constant", lr=0.01), after,
+        resume_from=tmp_path)
+    assert after.reports[0]["step"] == 4
+    assert after.reports[0]["lr"] == pytest.approx(0.01)

@@ -1,0 +1,54 @@
+"""``python -m trainers``: help, errors that name the option, training, resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from trainers.config import TrainConfig
+from trainers.fields import describe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainers", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_documents_every_option():
+    proc = _cli("digits", "--help")
+    assert proc.returncode == 0
+    for info in describe(TrainConfig):
+        assert "--" + info.name.replace("_", "-") in proc.stdout, info.name
+    for option in ["--width", "--depth", "--dropout", "--resume"]:
+        assert option in proc.stdout
+
+
+def test_bad_options_exit_nonzero_naming_the_option():
+    cases = {("digits", "--lr", "-1"): "--lr", ("digits", "--lr", "fast"): "--lr",
+             ("digits", "--precision", "fp8"): "--precision", ("digits", "--bogus", "1"): "--bogus",
+             ("digitz",): "digitz", ("digits", "--width", "0"): "--width"}
+    for args, name in cases.items():
+        proc = _cli(*args)
+        assert proc.returncode == 2, args
+        assert name in proc.stderr, (args, proc.stderr)
+
+
+def test_train_then_resume(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    summary = tmp_path / "summary.json"
+    proc = _cli("digits", "--max-epochs", "2", "--checkpoint-dir", str(ckpt),
+                "--summary-json", str(summary))
+    assert proc.returncode == 0, proc.stderr
+    assert "step" in proc.stdout and "val_accuracy" in proc.stdout
+    first = json.loads(summary.read_text())
+    assert first["n_updates"] == 46 and first["stop_reason"] == "max_epochs"
+    proc = _cli("--resume", str(ckpt), "--max-epochs", "3", "--summary-json", str(summary))
+    assert proc.returncode == 0, proc.stderr
+    second = json.loads(summary.read_text())
+    assert second["n_updates"] == 69
+    assert [line.split("|")[0].strip() for line in proc.stdout.splitlines() if "|" in line] == [
+        "step     69"]

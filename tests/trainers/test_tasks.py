@@ -1,0 +1,105 @@
+"""Built-in tasks on real data, and the task registry with installed entry points."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from trainers import ConfigError, ListReporter, TrainConfig, UnknownTaskError, fit
+from trainers.tasks import create, get_task, list_tasks
+from trainers.tasks.charlm import CharLMTask, stdlib_files
+
+
+def test_digits_default_config_reaches_97_percent():
+    task, config = create("digits")
+    result = fit(task, config)
+    assert result.metrics["val_accuracy"] >= 0.97
+    assert len(task.datasets(0)[0]) + len(task.datasets(0)[1]) == 1797
+
+
+def test_digits_split_is_stratified_and_seeded():
+    task, _ = create("digits", {"split_seed": 3})
+    _, val = task.datasets(0)
+    labels = val.tensors[1].bincount(minlength=10)
+    assert labels.min() >= 35 and labels.max() <= 37  # 360 images, 10 balanced classes
+    _, again = create("digits", {"split_seed": 3})[0].datasets(5)
+    assert (again.tensors[1] == val.tensors[1]).all()
+
+
+def test_charlm_default_corpus_is_the_stdlib_and_val_loss_falls_below_unigram_entropy(tmp_path):
+    assert len(stdlib_files()) > 100
+    task, config = create("charlm", {"cache_dir": str(tmp_path)})
+    corpus = task.corpus()
+    assert 4_000_000 < len(corpus.tokens) < 6_000_000
+    entropy = corpus.unigram_entropy_nats()
+    reporter = ListReporter()
+    result = fit(task, config.replace(max_updates=240, eval_interval=80), reporter)
+    assert result.metrics["val_loss"] < entropy - 0.6
+    assert result.metrics["val_bpc"] == pytest.approx(result.metrics["val_loss"] / 0.693147, 1e-4)
+    assert reporter.reports[-1]["tokens_per_s"] > 0
+    # the token file is cached: a second task reads the same memory map
+    assert CharLMTask(task.options).corpus().tokens.filename == corpus.tokens.filename
+
+
+def test_registry_lists_builtin_tasks_with_fields_and_metrics():
+    assert {"digits", "charlm"} <= set(list_tasks())
+    digits = get_task("digits")
+    assert digits.metrics == {"val_loss": "minimize", "val_accuracy": "maximize"}
+    assert {f.name for f in digits.fields()} >= {"width", "depth", "dropout"}
+    with pytest.raises(UnknownTaskError, match="unknown task 'nope'"):
+        get_task("nope")
+
+
+def test_create_splits_params_and_names_bad_ones():
+    task, config = create("digits", {"lr": 0.01, "width": 8, "max_epochs": 1})
+    assert (config.lr, config.max_epochs, task.options.width) == (0.01, 1, 8)
+    assert config.micro_batch_size == 64  # from the task's default_config
+    with pytest.raises(ConfigError) as info:
+        create("digits", {"widht": 8})
+    assert info.value.field == "widht"
+    with pytest.raises(ConfigError) as info:
+        create("digits", {"dropout": 1.5})
+    assert info.value.field == "dropout"
+    with pytest.raises(ConfigError) as info:
+        create("charlm", {"n_head": 3})
+    assert info.value.field == "n_head"
+
+
+def test_installed_task_is_found_through_the_entry_point_group(tmp_path, monkeypatch):
+    pkg = tmp_path / "mytasks"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        from tests.trainers.toy_tasks import RegressionTask
+
+        class MyTask(RegressionTask):
+            name = "my-task"
+    """))
+    dist_info = tmp_path / "mytasks-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: mytasks\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[hpo.trainers]\nmy-task = mytasks:MyTask\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "my-task" in list_tasks()
+    task, config = create("my-task", {"max_updates": 2, "max_epochs": None, "hidden": 3})
+    assert task.options.hidden == 3
+    assert fit(task, config).n_updates == 2
+    sys.modules.pop("mytasks", None)
+
+
+def test_config_validation_names_the_field():
+    bad = [("lr", 0.0), ("micro_batch_size", 0), ("ema_decay", 1.0), ("min_lr_ratio", 2.0),
+           ("device", "tpu"), ("max_grad_norm", -1.0), ("momentum", 1.0)]
+    for field, value in bad:
+        with pytest.raises(ConfigError) as info:
+            TrainConfig(**{field: value})
+        assert info.value.field == field
+    with pytest.raises(ConfigError, match="max_updates"):
+        TrainConfig(max_updates=None, max_epochs=None)
+    with pytest.raises(ConfigError, match="precision"):
+        create("digits", {"precision": "fp8"})
+    with pytest.raises(ConfigError, match="lr"):
+        create("digits", {"lr": "fast"})
+    with pytest.raises(ConfigError, match="lr"):
+        create("digits", {"lr": float("nan")})
