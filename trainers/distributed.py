@@ -80,11 +80,11 @@ def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
 def all_reduce_sums(values: Mapping[str, float | torch.Tensor], info: DistInfo,
                     ) -> dict[str, float]:
     """Sum every value across ranks (one collective); identity in one process."""
+    if not info.enabled:
+        return {k: float(v) for k, v in values.items()}
     keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-    if info.enabled:
-        t = t.to(info.device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return dict(zip(keys, t.tolist(), strict=True))
 
 
