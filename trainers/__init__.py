@@ -12,6 +12,7 @@ inside the ``digits`` task); it knows nothing of Ray, Optuna or FastAPI and
 talks to them through :class:`Reporter`.
 """
 
+from trainers.components import planned_updates
 from trainers.config import TrainConfig
 from trainers.errors import (
     CheckpointError,
@@ -45,4 +46,5 @@ __all__ = [
     "fit",
     "get_task",
     "list_tasks",
+    "planned_updates",
 ]

@@ -70,6 +70,20 @@ def _total_steps(config: TrainConfig, updates_per_epoch: int) -> int:
     return max(1, min(limits))
 
 
+def planned_updates(task: Task, config: TrainConfig, world_size: int = 1) -> int:
+    """Optimizer updates a run of ``config`` makes if nothing stops it early.
+
+    The smaller of ``max_updates`` and ``max_epochs`` x updates per epoch (with
+    ``world_size`` ranks sharing each epoch); fp16 updates skipped for overflow
+    do not count.
+    """
+    train_set, _ = task.datasets(config.seed)
+    samples_per_rank = -(-len(train_set) // world_size)
+    per_epoch = n_updates_per_epoch(samples_per_rank, config.micro_batch_size,
+                                    config.grad_accum_steps)
+    return _total_steps(config, per_epoch)
+
+
 def build_run(task: Task, config: TrainConfig) -> Run:
     """Build every component of a run.
 

@@ -21,6 +21,7 @@ Metrics reported at every evaluation (``Reporter.report``):
 
 =====================  ==========================================================
 ``step``               optimizer updates applied so far
+``planned_updates``    updates the run makes if nothing stops it early
 ``epoch``              epochs completed, fractional (3.5 = half-way through the 4th)
 ``train_loss``         mean loss per item over the updates since the last evaluation
 ``<task metrics>``     the task's evaluation metrics (``val_loss``, ...)
@@ -314,6 +315,7 @@ class _Loop:
         seconds = all_reduce_max(w.seconds, run.dist)
         metrics = {
             "step": state.step,
+            "planned_updates": run.total_steps,
             "epoch": state.epoch + state.position / max(1, run.samples_per_rank),
             "train_loss": sums["loss"] / sums["items"] if sums["items"] else float("nan"),
             "lr": run.optimizer.param_groups[0]["lr"],

@@ -10,8 +10,9 @@ import torch
 from tests.trainers.toy_tasks import RegressionOptions, RegressionTask, TokenTask
 from trainers import ListReporter, TrainConfig, fit
 
-COMMON = {"step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "loss_scale",
-          "skipped_updates", "samples", "samples_per_s", "peak_memory_bytes", "time_s"}
+COMMON = {"step", "planned_updates", "epoch", "train_loss", "val_loss", "lr", "grad_norm",
+          "loss_scale", "skipped_updates", "samples", "samples_per_s", "peak_memory_bytes",
+          "time_s"}
 
 
 def test_every_evaluation_reports_every_metric():
@@ -24,6 +25,7 @@ def test_every_evaluation_reports_every_metric():
         assert all(math.isfinite(v) for v in r.values())
         assert r["samples_per_s"] > 0 and r["peak_memory_bytes"] > 0
     assert [r["samples"] for r in reporter.reports] == [16, 32, 48]
+    assert all(r["planned_updates"] == 6 for r in reporter.reports)
     assert reporter.reports[-1]["epoch"] == pytest.approx(48 / 64)
 
 

@@ -1,0 +1,75 @@
+"""The Optuna storage: SQLite (embedded default) or PostgreSQL, both through ``RDBStorage``.
+
+SQLite is opened in WAL mode with a busy timeout, so that concurrent trials'
+writes and a dashboard reading the same file wait for each other instead of
+failing with "database is locked" (optuna#820, optuna-dashboard#545). WAL is a
+property of the database file and is set once, before Optuna's engine opens it;
+the busy timeout is per connection (``connect_args``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import optuna
+import sqlalchemy
+import sqlalchemy.exc
+from sqlalchemy.engine import make_url
+
+from hpo.errors import StorageError
+
+SQLITE_BUSY_TIMEOUT_S = 60.0
+DEFAULT_STORAGE_URL = "sqlite:///hpo.db"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL, or ``None`` (other backends, in-memory)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def prepare_sqlite(path: Path) -> None:
+    """Create the file's directory and switch the database to WAL mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S)
+    try:
+        mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise StorageError(f"cannot switch {path} to WAL mode (got {mode})")
+    finally:
+        con.close()
+
+
+def engine_kwargs(url: str) -> dict:
+    """SQLAlchemy engine options for ``url``: busy timeout on SQLite, pre-ping elsewhere."""
+    if make_url(url).get_backend_name() == "sqlite":
+        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+    return {"pool_pre_ping": True}
+
+
+def open_storage(url: str = DEFAULT_STORAGE_URL) -> optuna.storages.RDBStorage:
+    """An Optuna ``RDBStorage`` for ``url`` (``sqlite:///file.db``, ``postgresql+psycopg://...``).
+
+    Raises:
+        StorageError: bad URL, unreachable database, or schema problems.
+    """
+    try:
+        path = sqlite_path(url)
+        if path is not None:
+            prepare_sqlite(path)
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    except StorageError:
+        raise
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, ValueError, OSError) as e:
+        raise StorageError(f"cannot open storage {redact(url)}: {e}") from e
+
+
+def redact(url: str) -> str:
+    """``url`` with any password hidden, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return "<invalid URL>"

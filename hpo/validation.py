@@ -1,0 +1,155 @@
+"""Checks of a structurally valid spec against its task, sampler and scheduler.
+
+Everything is checked before anything is stored or run, so that a bad spec
+fails at the boundary with the path of each offending field, never at the
+first trial.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trainers
+from hpo.errors import SpecError
+from hpo.spec import CategoricalParam, FloatParam, IntParam, Objective, StudySpec
+
+# Set per trial by the service; a spec may not fix or search them.
+MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
+                  "device": "follows resources.gpus"}
+SINGLE_OBJECTIVE_SAMPLERS = {"cmaes", "gp"}
+
+
+def check_against_task(spec: StudySpec) -> StudySpec:
+    """Validate ``spec`` against its task; return it with objective directions filled in.
+
+    Raises:
+        SpecError: every problem found (unknown task, metric or parameter, a
+            value the task refuses, a sampler or scheduler that cannot serve
+            this search space or objective).
+    """
+    try:
+        task_cls = trainers.get_task(spec.task)
+    except trainers.UnknownTaskError as e:
+        raise SpecError.at("task", str(e)) from None
+    errors: list[dict[str, str]] = []
+    fields = _task_fields(task_cls)
+    errors += _check_config(spec, fields)
+    if not errors:  # values of the search space are checked on top of a valid config
+        errors += _check_search_space(spec, fields)
+    objectives, objective_errors = _check_objectives(spec, task_cls)
+    errors += objective_errors
+    errors += _check_sampler_and_scheduler(spec)
+    if errors:
+        raise SpecError(errors)
+    objective: Any = objectives if isinstance(spec.objective, list) else objectives[0]
+    return spec.model_copy(update={"objective": objective})
+
+
+def _task_fields(task_cls: type[trainers.Task]) -> dict[str, trainers.FieldInfo]:
+    infos = trainers.describe(trainers.TrainConfig) + task_cls.fields()
+    return {info.name: info for info in infos}
+
+
+def _try_create(spec: StudySpec, params: dict[str, Any]) -> trainers.ConfigError | None:
+    try:
+        trainers.create(spec.task, params)
+    except trainers.ConfigError as e:
+        return e
+    return None
+
+
+def _check_config(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) -> list[dict]:
+    errors = []
+    for name in spec.config:
+        if name in MANAGED_FIELDS:
+            errors.append({"loc": f"config.{name}", "msg": MANAGED_FIELDS[name]})
+        elif name not in fields:
+            errors.append({"loc": f"config.{name}",
+                           "msg": f"not a training option nor an option of task {spec.task!r}"})
+    if not errors:
+        e = _try_create(spec, spec.config)
+        if e is not None:
+            errors.append({"loc": f"config.{e.field}", "msg": e.reason})
+    return errors
+
+
+def _param_values(param) -> list[tuple[str, Any]]:
+    if isinstance(param, CategoricalParam):
+        return [(f"choices.{i}", c) for i, c in enumerate(param.choices)]
+    return [("low", param.low), ("high", param.high)]
+
+
+def _check_search_space(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) -> list[dict]:
+    errors = []
+    for name, param in spec.search_space.items():
+        loc = f"search_space.{name}"
+        if name in MANAGED_FIELDS:
+            errors.append({"loc": loc, "msg": MANAGED_FIELDS[name]})
+            continue
+        if name not in fields:
+            known = sorted(set(fields) - set(MANAGED_FIELDS))
+            errors.append({"loc": loc, "msg": f"not a parameter of task {spec.task!r}; "
+                                              f"parameters: {', '.join(known)}"})
+            continue
+        if name in spec.config:
+            errors.append({"loc": loc, "msg": "also fixed in config; remove one of the two"})
+            continue
+        kind = fields[name].kind
+        if isinstance(param, FloatParam) and kind == "int":
+            errors.append({"loc": f"{loc}.type", "msg": "the task's field is an int: use int"})
+            continue
+        if isinstance(param, FloatParam | IntParam) and kind not in ("int", "float"):
+            errors.append({"loc": f"{loc}.type",
+                           "msg": f"the task's field is {kind}: use categorical"})
+            continue
+        for where, value in _param_values(param):
+            e = _try_create(spec, {**spec.config, name: value})
+            if e is not None:
+                errors.append({"loc": f"{loc}.{where}", "msg": e.reason})
+    return errors
+
+
+def _check_objectives(spec: StudySpec, task_cls) -> tuple[list[Objective], list[dict]]:
+    errors, filled = [], []
+    many = isinstance(spec.objective, list)
+    if many and not spec.objective:
+        return [], [{"loc": "objective", "msg": "must name at least one metric"}]
+    for i, objective in enumerate(spec.objectives):
+        loc = f"objective.{i}" if many else "objective"
+        if objective.metric not in task_cls.metrics:
+            errors.append({"loc": f"{loc}.metric",
+                           "msg": f"task {spec.task!r} reports {sorted(task_cls.metrics)}, "
+                                  f"not {objective.metric!r}"})
+            filled.append(objective)
+            continue
+        direction = objective.direction or task_cls.metrics[objective.metric]
+        filled.append(objective.model_copy(update={"direction": direction}))
+    if len({o.metric for o in spec.objectives}) < len(spec.objectives):
+        errors.append({"loc": "objective", "msg": "a metric appears twice"})
+    return filled, errors
+
+
+def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
+    errors = []
+    sampler, scheduler = spec.sampler.name, spec.scheduler.name
+    if spec.is_multi_objective:
+        if sampler in SINGLE_OBJECTIVE_SAMPLERS:
+            errors.append({"loc": "sampler.name",
+                           "msg": f"{sampler} optimizes one objective; use tpe, nsga2, random "
+                                  "or grid for several"})
+        if scheduler != "fifo":
+            errors.append({"loc": "scheduler.name",
+                           "msg": "early stopping needs one objective; use fifo"})
+        if spec.objective_reduce != "last":
+            errors.append({"loc": "objective_reduce", "msg": "must be last with several "
+                                                             "objectives"})
+    if sampler == "grid":
+        for name, param in spec.search_space.items():
+            if isinstance(param, FloatParam) and param.step is None:
+                errors.append({"loc": f"search_space.{name}.step",
+                               "msg": "the grid sampler needs a step (or use categorical)"})
+        if not spec.search_space:
+            errors.append({"loc": "search_space", "msg": "the grid sampler needs parameters"})
+    if scheduler == "pbt" and not spec.search_space:
+        errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
+    return errors

@@ -1,0 +1,169 @@
+"""StudySpec validation: every invalid kind is rejected with a message naming its field."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from hpo.errors import SpecError
+from hpo.space import build_sampler, distributions, grid_size, grid_values
+from hpo.spec import load_spec, parse_spec
+
+BASE = {
+    "name": "spec-test",
+    "task": "digits",
+    "config": {"max_epochs": 2},
+    "search_space": {
+        "lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
+        "width": {"type": "int", "low": 8, "high": 64, "step": 8},
+        "optimizer": {"type": "categorical", "choices": ["adamw", "sgd"]},
+    },
+    "objective": {"metric": "val_accuracy"},
+    "budget": {"n_trials": 4},
+}
+
+
+def _with(**changes):
+    return {**BASE, **changes}
+
+
+def _space(**params):
+    return _with(search_space={**BASE["search_space"], **params})
+
+
+INVALID = {
+    "log-with-low-0": (_space(lr={"type": "float", "low": 0, "high": 1, "log": True}),
+                       "search_space.lr.low"),
+    "log-int-negative": (_space(width={"type": "int", "low": -1, "high": 8, "log": True}),
+                         "search_space.width.low"),
+    "low-equals-high": (_space(lr={"type": "float", "low": 0.1, "high": 0.1}),
+                        "search_space.lr.high"),
+    "low-above-high": (_space(width={"type": "int", "low": 9, "high": 8}),
+                       "search_space.width.high"),
+    "step-does-not-fit": (_space(width={"type": "int", "low": 8, "high": 60, "step": 8}),
+                          "search_space.width.step"),
+    "float-step-does-not-fit": (_space(lr={"type": "float", "low": 0.1, "high": 0.5,
+                                           "step": 0.15}), "search_space.lr.step"),
+    "step-with-log": (_space(lr={"type": "float", "low": 0.1, "high": 0.5, "step": 0.1,
+                                 "log": True}), "search_space.lr.step"),
+    "empty-choices": (_space(optimizer={"type": "categorical", "choices": []}),
+                      "search_space.optimizer.choices"),
+    "unknown-param-type": (_space(lr={"type": "uniform", "low": 0, "high": 1}),
+                           "search_space.lr"),
+    "unknown-task": (_with(task="nope"), "task"),
+    "unknown-sampler": (_with(sampler={"name": "bohb"}), "sampler"),
+    "unknown-scheduler": (_with(scheduler={"name": "pb3"}), "scheduler"),
+    "unknown-pruner": (_with(scheduler={"name": "optuna-pruner", "pruner": {"name": "x"}}),
+                       "scheduler.pruner"),
+    "bad-scheduler-parameter": (_with(scheduler={"name": "asha", "reduction_factor": 1}),
+                                "scheduler.reduction_factor"),
+    "unknown-scheduler-parameter": (_with(scheduler={"name": "asha", "grace": 3}),
+                                    "scheduler.grace"),
+    "bad-pruner-parameter": (_with(scheduler={"name": "optuna-pruner", "pruner": {
+        "name": "percentile", "percentile": 120}}), "scheduler.pruner.percentile"),
+    "metric-not-reported": (_with(objective={"metric": "val_bpc"}), "objective.metric"),
+    "param-not-accepted": (_space(widht={"type": "int", "low": 8, "high": 64}),
+                           "search_space.widht"),
+    "param-value-refused": (_space(dropout={"type": "float", "low": 0.0, "high": 1.5}),
+                            "search_space.dropout.high"),
+    "choice-refused": (_space(optimizer={"type": "categorical", "choices": ["adamw", "lion"]}),
+                       "search_space.optimizer.choices.1"),
+    "float-for-int-field": (_space(width={"type": "float", "low": 8, "high": 64}),
+                            "search_space.width.type"),
+    "fixed-config-unknown": (_with(config={"max_epoch": 2}), "config.max_epoch"),
+    "fixed-config-bad-value": (_with(config={"max_epochs": 0}), "config.max_epochs"),
+    "managed-field": (_with(config={"checkpoint_dir": "/tmp/x"}), "config.checkpoint_dir"),
+    "param-also-fixed": (_with(config={"lr": 0.1}), "search_space.lr"),
+    "bad-name": (_with(name="../../etc/passwd"), "name"),
+    "long-name": (_with(name="a" * 65), "name"),
+    "zero-trials": (_with(budget={"n_trials": 0}), "budget.n_trials"),
+    "zero-concurrency": (_with(budget={"n_trials": 2, "max_concurrent_trials": 0}),
+                         "budget.max_concurrent_trials"),
+    "negative-gpus": (_with(resources={"gpus": -1}), "resources.gpus"),
+    "fractional-gpus-above-one": (_with(resources={"gpus": 1.5}), "resources.gpus"),
+    "zero-workers": (_with(resources={"workers": 0}), "resources.workers"),
+    "grid-without-step": (_with(sampler={"name": "grid"}), "search_space.lr.step"),
+    "multi-objective-with-asha": (_with(objective=[{"metric": "val_accuracy"},
+                                                   {"metric": "val_loss"}],
+                                        scheduler={"name": "asha"}), "scheduler.name"),
+    "multi-objective-cmaes": (_with(objective=[{"metric": "val_accuracy"},
+                                               {"metric": "val_loss"}],
+                                    sampler={"name": "cmaes"}), "sampler.name"),
+    "unknown-top-level": (_with(budgt={"n_trials": 3}), "budgt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_spec_names_the_field(case):
+    data, loc = INVALID[case]
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    assert loc in [e["loc"] for e in info.value.errors], info.value.errors
+    assert loc in str(info.value)
+
+
+def test_valid_spec_fills_directions_and_round_trips():
+    spec = parse_spec(BASE)
+    assert spec.objective.direction == "maximize"  # from the task
+    assert spec.sampler.name == "tpe" and spec.scheduler.name == "fifo"
+    again = parse_spec(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec
+
+
+def test_yaml_and_json_files_load(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps(BASE))
+    (tmp_path / "s.yaml").write_text("name: y1\ntask: digits\nobjective: {metric: val_loss}\n"
+                                     "budget: {n_trials: 2}\n")
+    assert load_spec(tmp_path / "s.json").name == "spec-test"
+    assert load_spec(tmp_path / "s.yaml").objective.direction == "minimize"
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(tmp_path / "bad.yaml")
+    with pytest.raises(SpecError, match="cannot read"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_categorical_mixing_types_and_null_works_with_tpe():
+    # optuna#3129: TPE crashed on categorical choices mixing types with None
+    spec = parse_spec(_space(ema_decay={"type": "categorical", "choices": [None, 0.9, 0.99]},
+                             max_grad_norm={"type": "categorical", "choices": [None, 1, 0.5]},
+                             batch_norm={"type": "categorical", "choices": [True, False]}))
+    dists = distributions(spec)
+    study = optuna.create_study(sampler=build_sampler(spec.model_copy(update={
+        "sampler": spec.sampler.model_copy(update={"n_startup_trials": 3})})),
+        direction="maximize")
+    for i in range(12):
+        trial = study.ask(dists)
+        study.tell(trial, float(i % 5))
+    seen = {repr(t.params["ema_decay"]) for t in study.trials}
+    assert "None" in seen
+    assert all(type(t.params["batch_norm"]) is bool for t in study.trials)
+
+
+def test_same_seed_suggests_same_first_trials():
+    for sampler in ["tpe", "random", "gp", "cmaes", "grid"]:
+        data = _space(lr={"type": "float", "low": 0.001, "high": 0.1, "step": 0.001})
+        spec = parse_spec(_with(**{**data, "sampler": {"name": sampler, "seed": 7}}))
+        runs = []
+        for _ in range(2):
+            study = optuna.create_study(sampler=build_sampler(spec), direction="maximize")
+            params = []
+            for _ in range(4):
+                trial = study.ask(distributions(spec))
+                params.append(trial.params)
+                study.tell(trial, trial.params["lr"])
+            runs.append(params)
+        assert runs[0] == runs[1], sampler
+
+
+def test_grid_values_cover_the_range():
+    spec = parse_spec(_with(search_space={
+        "lr": {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1},
+        "width": {"type": "int", "low": 8, "high": 24, "step": 8},
+        "optimizer": {"type": "categorical", "choices": ["adamw", "sgd"]}},
+        sampler={"name": "grid"}))
+    assert grid_values(spec.search_space["lr"]) == [0.1, 0.2, 0.3]
+    assert grid_values(spec.search_space["width"]) == [8, 16, 24]
+    assert grid_size(spec) == 18
