@@ -1,0 +1,89 @@
+"""The ``hpo`` command line.
+
+    hpo run SPEC [--storage URL] [--ray-address ADDR] [--results-dir DIR]
+
+Exit status: 0 done; 2 invalid spec or option (each problem on its own line,
+naming the field); 1 the study could not run (storage, cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from hpo.errors import HpoError, SpecError
+from hpo.storage import DEFAULT_STORAGE_URL
+
+app = typer.Typer(help="Hyperparameter optimization of PyTorch training: Optuna studies on "
+                       "Ray Tune.", no_args_is_help=True, add_completion=False)
+err = Console(stderr=True)
+out = Console()
+
+StorageOpt = Annotated[str, typer.Option(
+    "--storage", envvar="HPO_DATABASE_URL",
+    help="Optuna storage URL: sqlite:///file.db or postgresql+psycopg://user@host/db")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    "--ray-address", envvar="RAY_ADDRESS", help="Ray cluster to join (default: a local Ray)")]
+
+
+@app.callback()
+def _group() -> None:
+    """hpo: run and serve hyperparameter studies of PyTorch training."""
+
+
+def _fail_spec(e: SpecError) -> None:
+    err.print(f"[bold red]invalid spec[/] ({len(e.errors)} problem(s)):")
+    for problem in e.errors:
+        err.print(f"  {problem['loc'] or '<spec>'}: {problem['msg']}", markup=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="study spec, YAML or JSON")],
+    storage: StorageOpt = DEFAULT_STORAGE_URL,
+    ray_address: RayAddressOpt = None,
+    results_dir: Annotated[Path, typer.Option(
+        help="where Ray keeps trial results and checkpoints (shared storage on a cluster)")
+    ] = Path("hpo-runs"),
+    num_cpus: Annotated[int | None, typer.Option(
+        min=1, help="CPUs of a local Ray (default: all)")] = None,
+) -> None:
+    """Run a study to its budget with a live progress view, then print the best trial."""
+    from hpo.spec import load_spec
+
+    logging.getLogger("optuna").setLevel(logging.WARNING)
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as e:
+        _fail_spec(e)
+    from hpo.progress import LiveProgress
+    from hpo.tune.driver import run_study
+
+    try:
+        with LiveProgress(spec.budget.n_trials, err) as progress:
+            result = run_study(spec, storage, ray_address=ray_address, results_dir=results_dir,
+                               num_cpus=num_cpus, on_change=progress.update)
+    except SpecError as e:
+        _fail_spec(e)
+    except HpoError as e:
+        err.print(f"[bold red]error:[/] {e}", markup=True)
+        raise typer.Exit(1) from None
+    c = result.counts
+    out.print(f"study {result.name}: {c.finished} trials finished "
+              f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed)")
+    if result.best_number is None:
+        out.print("no complete trial")
+        return
+    out.print(f"best trial #{result.best_number}: {spec.objectives[0].metric} = "
+              f"{result.best_value:.6g}")
+    for name, value in (result.best_params or {}).items():
+        out.print(f"  {name} = {value!r}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,242 @@
+"""The Optuna record of a study: what people, samplers and the dashboard read.
+
+:class:`StudyRecord` is the one place that writes trials into the Optuna
+storage. The Ray side (``hpo.tune``) calls it with Ray's events; it needs no
+Ray itself. What it guarantees, each point answering a trap of ray's
+``OptunaSearch`` (see DESIGN.md):
+
+* every reported result is an intermediate value at ``step`` = optimizer
+  updates, the last one included;
+* a trial ends COMPLETE only when it trained to its end (or stopped itself,
+  e.g. early stopping); stopped from outside before its planned updates it ends
+  PRUNED, with ``stopped_by`` and ``budget_updates`` attributes
+  (ray#15283 lineage);
+* a trial that raised ends FAIL with the error text; a NaN or infinite
+  objective ends FAIL with the reason, never stuck in RUNNING (optuna#3132);
+* a COMPLETE trial's value is the objective's last reported value, or its best
+  (``objective_reduce: best``);
+* attributes: Ray trial id, node, checkpoint location, wall time,
+  device-seconds (CPU or GPU seconds held), samples processed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from hpo.errors import StudyExistsError
+from hpo.space import build_sampler, distributions
+from hpo.spec import StudySpec
+
+SPEC_ATTR = "hpo_spec"
+FINISHED_KEY = "trial_finished"  # set by the trainable in the report after fit returned
+TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+@dataclasses.dataclass
+class TrialProgress:
+    """What the record keeps about one live trial."""
+
+    number: int
+    trial_id: int
+    started: float | None = None
+    wall_time_s: float = 0.0
+    last: dict[str, Any] = dataclasses.field(default_factory=dict)
+    values: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (step, objective)
+    finished: bool = False
+    stopped_by: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """Trials of the study by state."""
+
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
+    running: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.complete + self.pruned + self.failed
+
+
+def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.Study:
+    """Create the study named by the spec, or load it if it exists with the same spec.
+
+    Raises:
+        StudyExistsError: a study of that name exists with a different spec.
+    """
+    directions = [o.direction for o in spec.objectives]
+    study = optuna.create_study(storage=storage, study_name=spec.name, directions=directions,
+                                sampler=build_sampler(spec), load_if_exists=True)
+    stored = study.user_attrs.get(SPEC_ATTR)
+    if stored is None:
+        study.set_user_attr(SPEC_ATTR, spec.to_dict())
+    elif stored != spec.to_dict():
+        raise StudyExistsError(f"study {spec.name!r} exists with a different spec")
+    return study
+
+
+class StudyRecord:
+    """Writes one study's trials into its Optuna storage as they really happen.
+
+    Args:
+        spec: the validated study spec.
+        storage: the Optuna storage (``hpo.storage.open_storage``).
+        device_per_worker: CPUs (or GPUs, when the trial uses GPUs) each worker
+            holds, times the number of workers: the rate of device-seconds.
+    """
+
+    def __init__(self, spec: StudySpec, storage: optuna.storages.BaseStorage) -> None:
+        self.spec = spec
+        self.storage = storage
+        self.study = open_study(spec, storage)
+        self.study_id = storage.get_study_id_from_name(spec.name)
+        self.distributions = distributions(spec)
+        r = spec.resources
+        self.devices_held = (r.gpus if r.gpus > 0 else r.cpus) * r.workers
+        self.device_kind = "gpu" if r.gpus > 0 else "cpu"
+        self.trials: dict[str, TrialProgress] = {}
+        self.best: tuple[int, float] | None = None
+
+    # -- trials come and go ------------------------------------------------------------
+
+    def ask(self, ray_trial_id: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Start a new Optuna trial for a Ray trial; return its parameters.
+
+        With ``params`` (PBT's own sampling, warm-start points) those values are
+        used; otherwise the study's sampler suggests them.
+        """
+        if params is not None:
+            self.study.enqueue_trial(dict(params))
+        trial = self.study.ask(self.distributions)
+        trial.set_user_attr("ray_trial_id", ray_trial_id)
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number)
+        self.trials[ray_trial_id] = TrialProgress(trial.number, trial_id)
+        return dict(trial.params)
+
+    def knows(self, ray_trial_id: str) -> bool:
+        return ray_trial_id in self.trials
+
+    def started(self, ray_trial_id: str) -> None:
+        """A Ray trial (re)started running: wall time counts from now."""
+        self.trials[ray_trial_id].started = time.monotonic()
+
+    def stopped_running(self, ray_trial_id: str) -> None:
+        """A Ray trial stopped running (paused, failed, ended): bank its wall time."""
+        t = self.trials.get(ray_trial_id)
+        if t is not None and t.started is not None:
+            t.wall_time_s += time.monotonic() - t.started
+            t.started = None
+
+    # -- results -----------------------------------------------------------------------
+
+    def result(self, ray_trial_id: str, result: Mapping[str, Any]) -> None:
+        """Record one reported result: an intermediate value at step = optimizer updates."""
+        t = self.trials[ray_trial_id]
+        t.last = dict(result)
+        if result.get(FINISHED_KEY):
+            t.finished = True
+        if self.spec.is_multi_objective or "step" not in result:
+            return
+        value = float(result[self.spec.objectives[0].metric])
+        step = int(result["step"])
+        if not t.values or t.values[-1] != (step, value) or math.isnan(value):
+            self.storage.set_trial_intermediate_value(t.trial_id, step, value)
+        if not t.values or t.values[-1][0] != step:
+            t.values.append((step, value))
+        else:
+            t.values[-1] = (step, value)
+
+    def note_stop(self, ray_trial_id: str, stopped_by: str) -> None:
+        """A scheduler, pruner or user decided to stop this trial (attribution only)."""
+        if ray_trial_id in self.trials:
+            self.trials[ray_trial_id].stopped_by = stopped_by
+
+    def frozen(self, ray_trial_id: str) -> optuna.trial.FrozenTrial:
+        """The trial as stored (for Optuna pruners)."""
+        return self.storage.get_trial(self.trials[ray_trial_id].trial_id)
+
+    # -- the end of a trial ------------------------------------------------------------
+
+    def complete_or_prune(self, ray_trial_id: str, default_stopper: str) -> TrialState:
+        """End a trial that stopped without error: COMPLETE if it trained to its end, else PRUNED.
+
+        It trained to its end if the trainable said so (``trial_finished``) or
+        its last result reached its planned updates (ASHA stops trials at
+        ``max_t`` too). A NaN or infinite objective ends it FAIL instead.
+        """
+        t = self.trials[ray_trial_id]
+        last = t.last
+        planned = last.get("planned_updates")
+        reached = t.finished or (planned is not None and last.get("step", 0) >= planned)
+        if not reached and last:
+            self._finish(t, TrialState.PRUNED, None, {
+                "stopped_by": t.stopped_by or default_stopper,
+                "budget_updates": last.get("step"), "planned_updates": planned})
+            return TrialState.PRUNED
+        values = self._final_values(t)
+        if values is None:
+            return self.fail(ray_trial_id, "no result reported")
+        bad = [v for v in values if not math.isfinite(v)]
+        if bad:
+            return self.fail(ray_trial_id, f"objective is {bad[0]} (not finite)")
+        self._finish(t, TrialState.COMPLETE, values, {"stop_reason": last.get("stop_reason")})
+        return TrialState.COMPLETE
+
+    def fail(self, ray_trial_id: str, reason: str) -> TrialState:
+        """End a trial FAIL, keeping the reason (error text) in ``fail_reason``."""
+        t = self.trials[ray_trial_id]
+        self._finish(t, TrialState.FAIL, None, {"fail_reason": reason[-4000:]})
+        return TrialState.FAIL
+
+    def _final_values(self, t: TrialProgress) -> list[float] | None:
+        metrics = [o.metric for o in self.spec.objectives]
+        if not t.last or any(m not in t.last for m in metrics):
+            return None
+        if self.spec.objective_reduce == "best" and t.values:
+            pick = max if self.spec.objectives[0].direction == "maximize" else min
+            finite = [v for _, v in t.values if math.isfinite(v)]
+            return [pick(finite)] if finite else [t.values[-1][1]]
+        return [float(t.last[m]) for m in metrics]
+
+    def _finish(self, t: TrialProgress, state: TrialState, values: list[float] | None,
+                extra: dict[str, Any]) -> None:
+        if t.started is not None:
+            t.wall_time_s += time.monotonic() - t.started
+            t.started = None
+        attrs = {
+            "node_ip": t.last.get("node_ip"),
+            "checkpoint": t.last.get("checkpoint_location"),
+            "wall_time_s": round(t.wall_time_s, 3),
+            "device_seconds": round(t.wall_time_s * self.devices_held, 3),
+            "device_kind": self.device_kind,
+            "samples": t.last.get("samples"),
+            **extra,
+        }
+        for key, value in attrs.items():
+            if value is not None:
+                self.storage.set_trial_user_attr(t.trial_id, key, value)
+        self.study.tell(t.number, values, state=state, skip_if_finished=True)
+        if state == TrialState.COMPLETE and not self.spec.is_multi_objective:
+            value = values[0]
+            maximize = self.spec.objectives[0].direction == "maximize"
+            if self.best is None or (value > self.best[1] if maximize else value < self.best[1]):
+                self.best = (t.number, value)
+
+    # -- the study as a whole ----------------------------------------------------------
+
+    def counts(self) -> Counts:
+        """Trials of the study by state, from the storage."""
+        states = [t.state for t in self.study.get_trials(deepcopy=False)]
+        return Counts(complete=states.count(TrialState.COMPLETE),
+                      pruned=states.count(TrialState.PRUNED),
+                      failed=states.count(TrialState.FAIL),
+                      running=states.count(TrialState.RUNNING))

@@ -1,0 +1,110 @@
+"""``RecordCallback``: Ray Tune's trial events, written into the Optuna record.
+
+Tune calls callbacks for every result (including the one a scheduler stops a
+trial on, which searchers never see), when a trial completes, and when it
+finally errors; retries (``max_failures``) keep the same Ray trial id and so
+continue the same Optuna trial.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import ray.util
+from ray.tune import Callback
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from hpo.record import StudyRecord
+
+log = logging.getLogger(__name__)
+PG_KEY = "train_pg_id"
+
+
+class RecordCallback(Callback):
+    """Forwards trial events to a :class:`StudyRecord`.
+
+    Args:
+        record: the study's record.
+        stopper_label: who stopped a trial that ends early without a recorded
+            decision (e.g. a Hyperband bracket stopping a paused trial).
+        on_change: called after every finished trial and result (progress display).
+    """
+
+    def __init__(self, record: StudyRecord, stopper_label: str,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.record = record
+        self.stopper_label = stopper_label
+        self.on_change = on_change or (lambda: None)
+
+    def __getstate__(self) -> dict:
+        # Tune pickles the run config (for Tuner.restore); a live display is not state.
+        return {**self.__dict__, "on_change": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.on_change = self.on_change or (lambda: None)
+
+    def _ensure(self, trial) -> None:
+        if not self.record.knows(trial.trial_id):  # trials not suggested by our searcher (PBT)
+            self.record.ask(trial.trial_id, params=trial.config)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._ensure(trial)
+        self.record.started(trial.trial_id)
+        self.on_change()
+
+    def on_trial_restore(self, iteration, trials, trial, **info):
+        self._ensure(trial)
+        self.record.started(trial.trial_id)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self.record.stopped_running(trial.trial_id)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._ensure(trial)
+        self.record.result(trial.trial_id, result)
+        self.on_change()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._release_train_group(trial)
+        self._note_checkpoint(trial)
+        self.record.complete_or_prune(trial.trial_id, self.stopper_label)
+        self.on_change()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._release_train_group(trial)
+        self._note_checkpoint(trial)
+        self.record.fail(trial.trial_id, _error_text(trial))
+        self.on_change()
+
+    def _note_checkpoint(self, trial) -> None:
+        checkpoint = trial.checkpoint
+        if checkpoint is not None and self.record.knows(trial.trial_id):
+            self.record.trials[trial.trial_id].last["checkpoint_location"] = checkpoint.path
+
+    @staticmethod
+    def _release_train_group(trial) -> None:
+        """Remove a Ray Train worker group's placement group that Train did not release."""
+        group_hex = (trial.last_result or {}).get(PG_KEY)
+        if not group_hex:
+            return
+        try:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_hex))))
+        except Exception as e:  # noqa: BLE001 - already removed is the common, harmless case
+            log.debug("placement group %s not removed: %s", group_hex, e)
+
+
+def _error_text(trial) -> str:
+    """The last error of a trial, as Tune stored it (its traceback's tail)."""
+    try:
+        text = trial.get_error()
+    except Exception:  # noqa: BLE001 - storage may be gone; say what we know
+        text = None
+    if not text and trial.error_file:
+        try:
+            with open(trial.error_file) as f:
+                text = f.read()
+        except OSError:
+            text = None
+    return str(text or "the trial failed without an error message")

@@ -1,0 +1,161 @@
+"""``run_study``: run a study to its budget on Ray Tune, recording it in the Optuna storage.
+
+The Tuner is assembled from small ``build_*`` pieces: the record (Optuna side),
+the searcher that asks the study, the scheduler, the trainable with its
+resources, and the callback that writes every event into the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+from ray import tune
+
+import trainers
+from hpo.errors import ClusterError, SpecError
+from hpo.record import Counts, StudyRecord
+from hpo.spec import StudySpec
+from hpo.storage import open_storage
+from hpo.tune.callback import RecordCallback
+from hpo.tune.schedulers import build_scheduler
+from hpo.tune.searcher import StudySearcher
+from hpo.tune.trainable import TrialSetup, train_trial
+
+DEFAULT_RESULTS_DIR = "hpo-runs"
+
+# Ray Tune's own console reporter would interleave with ours; its legacy reporter at
+# verbose=0 prints nothing. Its warning about frequent experiment snapshots (we
+# checkpoint at every report, on purpose) is noise here.
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOutcome:
+    """What a finished ``run_study`` returns."""
+
+    name: str
+    counts: Counts
+    best_number: int | None
+    best_value: float | None
+    best_params: dict | None
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join the cluster at ``address`` (or ``RAY_ADDRESS``), or start a local Ray.
+
+    Does nothing when Ray is already initialized in this process (tests share
+    one session).
+
+    Raises:
+        ClusterError: the cluster cannot be reached.
+    """
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        ray.init(address=address, num_cpus=None if address else num_cpus,
+                 include_dashboard=False, configure_logging=True, logging_level="WARNING",
+                 log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ClusterError(f"cannot reach the Ray cluster at {address or 'a new local Ray'}: "
+                           f"{e}") from e
+
+
+def check_resources(spec: StudySpec) -> None:
+    """Refuse, naming the field, a trial that no node of the cluster could ever hold.
+
+    Raises:
+        SpecError: no node has ``resources.cpus`` CPUs and ``resources.gpus``
+            GPUs, or the cluster has fewer than ``resources.workers`` such slots.
+    """
+    r = spec.resources
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    fitting = [n for n in nodes if n.get("CPU", 0) >= r.cpus and n.get("GPU", 0) >= r.gpus]
+    if not fitting:
+        most_cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+        most_gpus = max((n.get("GPU", 0) for n in nodes), default=0)
+        field = "resources.gpus" if r.gpus > most_gpus else "resources.cpus"
+        have = most_gpus if field == "resources.gpus" else most_cpus
+        raise SpecError.at(field, f"no node of the cluster has that many; the largest has "
+                                  f"{have:g}")
+    slots = sum(int(n.get("CPU", 0) // r.cpus) if r.gpus == 0 else
+                int(min(n.get("CPU", 0) // r.cpus, n.get("GPU", 0) // r.gpus)) for n in fitting)
+    if slots < r.workers:
+        raise SpecError.at("resources.workers", f"the cluster can hold {slots} such workers at "
+                                                f"most")
+
+
+def build_trainable(spec: StudySpec, results_dir: Path):
+    """The trainable with its shared setup and its resource request."""
+    r = spec.resources
+    setup = TrialSetup(task=spec.task, config=dict(spec.config), cpus=r.cpus, gpus=r.gpus,
+                       workers=r.workers, results_dir=str(results_dir.resolve()))
+    trainable = tune.with_parameters(train_trial, setup=setup)
+    if r.workers > 1:  # the Train workers get their own placement group; the trial itself
+        return tune.with_resources(trainable, {"cpu": 0.01})  # must not hold their CPUs
+    return tune.with_resources(trainable, {"cpu": r.cpus, "gpu": r.gpus})
+
+
+def build_tuner(spec: StudySpec, record: StudyRecord, n_trials: int, results_dir: Path,
+                on_change: Callable[[], None] | None) -> tune.Tuner:
+    """A Tuner for ``n_trials`` more trials of ``spec``."""
+    task, config = trainers.create(spec.task, spec.config)
+    scheduler = build_scheduler(spec, record, trainers.planned_updates(task, config))
+    objective = spec.objectives[0]
+    tune_config = tune.TuneConfig(
+        metric=objective.metric, mode="max" if objective.direction == "maximize" else "min",
+        search_alg=StudySearcher(record, n_trials), scheduler=scheduler,
+        num_samples=n_trials, max_concurrent_trials=spec.budget.max_concurrent_trials,
+        reuse_actors=True, time_budget_s=spec.budget.timeout_s)
+    run_config = tune.RunConfig(
+        name=spec.name, storage_path=str(results_dir.resolve()), verbose=0,
+        callbacks=[RecordCallback(record, spec.scheduler.name, on_change)],
+        failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
+    return tune.Tuner(build_trainable(spec, results_dir), tune_config=tune_config,
+                      run_config=run_config)
+
+
+def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = None,
+              results_dir: str | Path = DEFAULT_RESULTS_DIR, num_cpus: int | None = None,
+              on_change: Callable[[StudyRecord], None] | None = None) -> StudyOutcome:
+    """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
+
+    Args:
+        spec: a validated spec (``hpo.spec.load_spec``).
+        storage_url: the Optuna storage (SQLite file or PostgreSQL URL).
+        ray_address: a Ray cluster to join; default ``RAY_ADDRESS`` or a local Ray.
+        results_dir: where Ray keeps trial results and checkpoints; on a
+            cluster, a path every node can reach.
+        num_cpus: CPUs of a local Ray (default: all).
+        on_change: called with the record whenever a trial reports or ends.
+
+    Raises:
+        SpecError: the cluster cannot hold one trial.
+        StudyExistsError: a study of the same name exists with another spec.
+        StorageError, ClusterError: storage or cluster unreachable.
+    """
+    record = StudyRecord(spec, open_storage(storage_url))
+    remaining = spec.budget.n_trials - record.counts().finished
+    if remaining > 0:
+        init_ray(ray_address, num_cpus)
+        check_resources(spec)
+        notify = (lambda: on_change(record)) if on_change else None
+        build_tuner(spec, record, remaining, Path(results_dir), notify).fit()
+    return outcome(record)
+
+
+def outcome(record: StudyRecord) -> StudyOutcome:
+    """Counts and best trial of the record's study, from the storage."""
+    best = None
+    if not record.spec.is_multi_objective and record.counts().complete:
+        best = record.study.best_trial
+    return StudyOutcome(name=record.spec.name, counts=record.counts(),
+                        best_number=best.number if best else None,
+                        best_value=best.value if best else None,
+                        best_params=dict(best.params) if best else None)

@@ -1,0 +1,42 @@
+"""``StudySearcher``: a Ray Tune searcher that asks the Optuna study for every trial.
+
+Replaces ray's ``OptunaSearch``, which tells COMPLETE for trials a scheduler
+stopped early and never records their last result (see DESIGN.md); here the
+searcher only *asks*, and ``RecordCallback`` writes what really happened.
+Run it with ``TuneConfig(max_concurrent_trials=N)``: without a concurrency
+limiter Tune lets a custom searcher run one trial at a time (ray#46965).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ray.tune.search import Searcher
+
+from hpo.record import StudyRecord
+
+
+class StudySearcher(Searcher):
+    """Suggests up to ``n_trials`` configurations, each from ``record.ask`` (the study's sampler)."""
+
+    def __init__(self, record: StudyRecord, n_trials: int) -> None:
+        super().__init__()
+        self.record = record
+        self.remaining = n_trials
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self.remaining <= 0:
+            return Searcher.FINISHED
+        self.remaining -= 1
+        return self.record.ask(trial_id)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        """Nothing to do: the trial's outcome is recorded by ``RecordCallback``."""
+
+    def save(self, checkpoint_path: str) -> None:
+        Path(checkpoint_path).write_text(json.dumps({"remaining": self.remaining}))
+
+    def restore(self, checkpoint_path: str) -> None:
+        self.remaining = json.loads(Path(checkpoint_path).read_text())["remaining"]

@@ -1,0 +1,143 @@
+"""The Tune function trainable: one trial runs ``trainers.fit`` and reports through Tune.
+
+Single-worker trials run the loop in the trial's own process. Trials with
+several workers launch a Ray Train ``TorchTrainer`` from inside the Tune
+function (the Train v2 pattern; Ray refuses a Trainer passed to ``Tuner``):
+Ray Train initializes ``torch.distributed`` (gloo on CPU, NCCL on GPU), the
+loop wraps the model in DDP, and rank 0's metrics reach Tune through
+``TuneReportCallback``.
+
+After ``fit`` returns, the trial reports once more with ``trial_finished: 1``:
+that is how the record tells a trial that trained to its end (or stopped
+itself) from one a scheduler stopped (Tune marks both ``done``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from ray import tune
+
+import trainers
+from hpo.record import FINISHED_KEY
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialSetup:
+    """What every trial of a study shares (passed once through ``tune.with_parameters``)."""
+
+    task: str
+    config: dict[str, Any]
+    cpus: float
+    gpus: float
+    workers: int
+    results_dir: str
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus > 0 else "cpu"
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.cpus))
+
+
+class TuneReporter:
+    """Forwards every evaluation to ``tune.report`` with a checkpoint of that very step."""
+
+    def report(self, metrics, save_checkpoint):
+        path = save_checkpoint()
+        checkpoint = tune.Checkpoint.from_directory(str(path)) if path is not None else None
+        tune.report(dict(metrics), checkpoint=checkpoint)
+        return trainers.Decision.CONTINUE
+
+
+def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path):
+    torch.set_num_threads(setup.threads)
+    task, config = trainers.create(setup.task, {**setup.config, **params, "device": setup.device})
+    return task, config.replace(checkpoint_dir=str(workdir / "checkpoints"),
+                                keep_last_checkpoints=1)
+
+
+def train_trial(params: dict[str, Any], setup: TrialSetup) -> None:
+    """The Tune function trainable of a single-worker trial."""
+    if setup.workers > 1:
+        return train_trial_distributed(params, setup)
+    workdir = Path(tempfile.mkdtemp(prefix="hpo-trial-"))
+    try:
+        task, config = _build(setup, params, workdir)
+        resume = None
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:  # a retry, a restored study, a PBT exploit
+            resume = checkpoint.to_directory(str(workdir / "resume"))
+        result = trainers.fit(task, config, TuneReporter(), resume_from=resume)
+        tune.report({**result.metrics, FINISHED_KEY: 1, "stop_reason": result.stop_reason})
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- several workers: Ray Train inside the Tune trial -------------------------------------
+
+
+class TrainReporter:
+    """Forwards every evaluation to ``ray.train.report`` (rank 0 attaches the checkpoint).
+
+    Rank 0 also reports its worker group's placement group id, so that the
+    driver can release it if Tune stops the trial: Ray Train leaks it otherwise
+    when the Ray state API is unavailable (seen with ray 2.60).
+    """
+
+    def report(self, metrics, save_checkpoint):
+        import ray.train
+        import ray.util
+
+        path = save_checkpoint()
+        extra = {}
+        if ray.train.get_context().get_world_rank() == 0:
+            group = ray.util.get_current_placement_group()
+            if group is not None:
+                extra["train_pg_id"] = group.id.hex()
+        checkpoint = ray.train.Checkpoint.from_directory(str(path)) if path else None
+        ray.train.report({**metrics, **extra}, checkpoint=checkpoint)
+        return trainers.Decision.CONTINUE
+
+
+def _train_worker(loop_config: dict[str, Any]) -> None:
+    import ray.train
+
+    setup: TrialSetup = loop_config["setup"]
+    workdir = Path(tempfile.mkdtemp(prefix="hpo-worker-"))
+    try:
+        task, config = _build(setup, loop_config["params"], workdir)
+        checkpoint = ray.train.get_checkpoint()
+        resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
+        trainers.fit(task, config, TrainReporter(), resume_from=resume)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
+    """Run the trial as a DDP job of ``setup.workers`` Ray Train workers."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    trial_id = tune.get_context().get_trial_id()
+    per_worker = {"CPU": setup.cpus, **({"GPU": setup.gpus} if setup.gpus > 0 else {})}
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"params": params, "setup": setup},
+        scaling_config=ray.train.ScalingConfig(num_workers=setup.workers,
+                                               use_gpu=setup.gpus > 0,
+                                               resources_per_worker=per_worker),
+        run_config=ray.train.RunConfig(name=f"train-{trial_id}",
+                                       storage_path=setup.results_dir,
+                                       callbacks=[TuneReportCallback()]),
+    )
+    result = trainer.fit()
+    tune.report({**result.metrics, FINISHED_KEY: 1})
