@@ -51,6 +51,7 @@ class TrialProgress:
     values: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (step, objective)
     finished: bool = False
     stopped_by: str | None = None
+    told: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +128,11 @@ class StudyRecord:
 
     def started(self, ray_trial_id: str) -> None:
         """A Ray trial (re)started running: wall time counts from now."""
-        self.trials[ray_trial_id].started = time.monotonic()
+        t = self.trials[ray_trial_id]
+        if t.started is None:
+            t.started = time.monotonic()
+            if t.wall_time_s == 0.0:
+                self.storage.set_trial_user_attr(t.trial_id, "started_at", round(time.time(), 3))
 
     def stopped_running(self, ray_trial_id: str) -> None:
         """A Ray trial stopped running (paused, failed, ended): bank its wall time."""
@@ -141,6 +146,8 @@ class StudyRecord:
     def result(self, ray_trial_id: str, result: Mapping[str, Any]) -> None:
         """Record one reported result: an intermediate value at step = optimizer updates."""
         t = self.trials[ray_trial_id]
+        if t.told:  # Tune replays the last result to schedulers after a trial ended
+            return
         t.last = dict(result)
         if result.get(FINISHED_KEY):
             t.finished = True
@@ -174,10 +181,12 @@ class StudyRecord:
         ``max_t`` too). A NaN or infinite objective ends it FAIL instead.
         """
         t = self.trials[ray_trial_id]
+        if t.told:
+            return self.storage.get_trial(t.trial_id).state
         last = t.last
         planned = last.get("planned_updates")
         reached = t.finished or (planned is not None and last.get("step", 0) >= planned)
-        if not reached and last:
+        if not reached and (last or t.stopped_by):
             self._finish(t, TrialState.PRUNED, None, {
                 "stopped_by": t.stopped_by or default_stopper,
                 "budget_updates": last.get("step"), "planned_updates": planned})
@@ -194,8 +203,14 @@ class StudyRecord:
     def fail(self, ray_trial_id: str, reason: str) -> TrialState:
         """End a trial FAIL, keeping the reason (error text) in ``fail_reason``."""
         t = self.trials[ray_trial_id]
+        if t.told:
+            return self.storage.get_trial(t.trial_id).state
         self._finish(t, TrialState.FAIL, None, {"fail_reason": reason[-4000:]})
         return TrialState.FAIL
+
+    def open_trials(self) -> list[str]:
+        """Ray trial ids of this run whose Optuna trial has not ended yet."""
+        return [ray_id for ray_id, t in self.trials.items() if not t.told]
 
     def _final_values(self, t: TrialProgress) -> list[float] | None:
         metrics = [o.metric for o in self.spec.objectives]
@@ -219,12 +234,14 @@ class StudyRecord:
             "device_seconds": round(t.wall_time_s * self.devices_held, 3),
             "device_kind": self.device_kind,
             "samples": t.last.get("samples"),
+            "ended_at": round(time.time(), 3),
             **extra,
         }
         for key, value in attrs.items():
             if value is not None:
                 self.storage.set_trial_user_attr(t.trial_id, key, value)
         self.study.tell(t.number, values, state=state, skip_if_finished=True)
+        t.told = True
         if state == TrialState.COMPLETE and not self.spec.is_multi_objective:
             value = values[0]
             maximize = self.spec.objectives[0].direction == "maximize"

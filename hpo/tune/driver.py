@@ -40,6 +40,7 @@ class StudyOutcome:
 
     name: str
     counts: Counts
+    stopped: bool
     best_number: int | None
     best_value: float | None
     best_params: dict | None
@@ -101,8 +102,32 @@ def build_trainable(spec: StudySpec, results_dir: Path):
     return tune.with_resources(trainable, {"cpu": r.cpus, "gpu": r.gpus})
 
 
+class StopWhen(tune.Stopper):
+    """Stops the whole experiment when ``should_stop()`` turns true (a user's stop request).
+
+    Tune checks it on every step of its loop, so running trials end within seconds.
+    """
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        self.should_stop = should_stop
+        self.stopped = False
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def __getstate__(self) -> dict:  # Tune pickles the run config; a callable is not state
+        return {"stopped": self.stopped}
+
+    def __setstate__(self, state: dict) -> None:
+        self.stopped, self.should_stop = state["stopped"], lambda: False
+
+    def stop_all(self) -> bool:
+        self.stopped = self.stopped or bool(self.should_stop())
+        return self.stopped
+
+
 def build_tuner(spec: StudySpec, record: StudyRecord, n_trials: int, results_dir: Path,
-                on_change: Callable[[], None] | None) -> tune.Tuner:
+                on_change: Callable[[], None] | None, stopper: StopWhen) -> tune.Tuner:
     """A Tuner for ``n_trials`` more trials of ``spec``."""
     task, config = trainers.create(spec.task, spec.config)
     scheduler = build_scheduler(spec, record, trainers.planned_updates(task, config))
@@ -113,7 +138,7 @@ def build_tuner(spec: StudySpec, record: StudyRecord, n_trials: int, results_dir
         num_samples=n_trials, max_concurrent_trials=spec.budget.max_concurrent_trials,
         reuse_actors=True, time_budget_s=spec.budget.timeout_s)
     run_config = tune.RunConfig(
-        name=spec.name, storage_path=str(results_dir.resolve()), verbose=0,
+        name=spec.name, storage_path=str(results_dir.resolve()), verbose=0, stop=stopper,
         callbacks=[RecordCallback(record, spec.scheduler.name, on_change)],
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
@@ -123,7 +148,8 @@ def build_tuner(spec: StudySpec, record: StudyRecord, n_trials: int, results_dir
 
 def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = None,
               results_dir: str | Path = DEFAULT_RESULTS_DIR, num_cpus: int | None = None,
-              on_change: Callable[[StudyRecord], None] | None = None) -> StudyOutcome:
+              on_change: Callable[[StudyRecord], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
     Args:
@@ -134,6 +160,9 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             cluster, a path every node can reach.
         num_cpus: CPUs of a local Ray (default: all).
         on_change: called with the record whenever a trial reports or ends.
+        should_stop: polled while the study runs; when it returns true, every
+            running trial is stopped and recorded as stopped by the user
+            (PRUNED, ``stopped_by: user``, unless it had trained to its end).
 
     Raises:
         SpecError: the cluster cannot hold one trial.
@@ -142,20 +171,35 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     """
     record = StudyRecord(spec, open_storage(storage_url))
     remaining = spec.budget.n_trials - record.counts().finished
+    stopper = StopWhen(should_stop or (lambda: False))
     if remaining > 0:
         init_ray(ray_address, num_cpus)
         check_resources(spec)
         notify = (lambda: on_change(record)) if on_change else None
-        build_tuner(spec, record, remaining, Path(results_dir), notify).fit()
-    return outcome(record)
+        try:
+            build_tuner(spec, record, remaining, Path(results_dir), notify, stopper).fit()
+        finally:
+            end_open_trials(record, "user" if stopper.stopped else spec.scheduler.name)
+    return outcome(record, stopped=stopper.stopped)
 
 
-def outcome(record: StudyRecord) -> StudyOutcome:
+def end_open_trials(record: StudyRecord, stopped_by: str) -> None:
+    """Record an end for trials Tune stopped without a completion event (a stop of the
+    whole experiment, or the driver leaving): COMPLETE if they trained to their end,
+    else PRUNED by ``stopped_by``; a trial with no result at all ends FAIL."""
+    for ray_id in record.open_trials():
+        record.stopped_running(ray_id)
+        if record.trials[ray_id].stopped_by is None:
+            record.note_stop(ray_id, stopped_by)
+        record.complete_or_prune(ray_id, stopped_by)
+
+
+def outcome(record: StudyRecord, stopped: bool = False) -> StudyOutcome:
     """Counts and best trial of the record's study, from the storage."""
     best = None
     if not record.spec.is_multi_objective and record.counts().complete:
         best = record.study.best_trial
-    return StudyOutcome(name=record.spec.name, counts=record.counts(),
+    return StudyOutcome(name=record.spec.name, counts=record.counts(), stopped=stopped,
                         best_number=best.number if best else None,
                         best_value=best.value if best else None,
                         best_params=dict(best.params) if best else None)

@@ -18,7 +18,7 @@ from hpo.record import StudyRecord
 
 
 class StudySearcher(Searcher):
-    """Suggests up to ``n_trials`` configurations, each from ``record.ask`` (the study's sampler)."""
+    """Suggests up to ``n_trials`` configurations, each asked of the study's sampler."""
 
     def __init__(self, record: StudyRecord, n_trials: int) -> None:
         super().__init__()
