@@ -47,6 +47,18 @@ def grid_size(spec: StudySpec) -> int:
     return size
 
 
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, without ``study.stop()`` once the grid is exhausted.
+
+    ``study.stop()`` raises outside ``study.optimize`` (our trials are told
+    through ask/tell); the study's budget (``n_trials``) bounds it instead, and
+    trials beyond the grid's size revisit grid points.
+    """
+
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
+
+
 def build_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     """The Optuna sampler named by ``spec.sampler``, seeded from the spec.
 
@@ -62,7 +74,7 @@ def build_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.name == "grid":
         grid = {name: grid_values(p) for name, p in spec.search_space.items()}
-        return optuna.samplers.GridSampler(grid, seed=s.seed)
+        return GridSampler(grid, seed=s.seed)
     if s.name == "gp":
         return optuna.samplers.GPSampler(seed=s.seed, n_startup_trials=s.n_startup_trials)
     if s.name == "cmaes":

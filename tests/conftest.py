@@ -1,0 +1,74 @@
+"""Shared fixtures: one Ray session for the whole run, storages, the test-task plugin."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN = REPO / "tests" / "hpo" / "plugin"  # registers the toy-hpo task (entry point)
+
+# Ray workers are separate processes: they find the test tasks through PYTHONPATH.
+sys.path.insert(0, str(PLUGIN))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in [str(REPO), str(PLUGIN), os.environ.get("PYTHONPATH", "")] if p)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray (2 CPUs) shared by every test that needs it."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+                 log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'optuna.db'}"
+
+
+def postgres_url() -> str | None:
+    """The test PostgreSQL URL if the server answers, else None."""
+    url = os.environ.get("HPO_TEST_DATABASE_URL")
+    if not url:
+        return None
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 3})
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception:  # noqa: BLE001 - any failure means "not available here"
+        return None
+    return url
+
+
+@pytest.fixture
+def pg_url() -> str:
+    url = postgres_url()
+    if url is None:
+        pytest.skip("PostgreSQL not reachable: set HPO_TEST_DATABASE_URL "
+                    "(CI sets postgresql+psycopg://postgres@127.0.0.1:5432/test)")
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request, tmp_path) -> str:
+    """Each storage the product supports (PostgreSQL skips with a reason when absent)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'optuna.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def unique_name() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,129 @@
+"""The Optuna record, driven directly (no Ray): states, values, attributes."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from hpo.errors import StudyExistsError
+from hpo.record import FINISHED_KEY, StudyRecord
+from hpo.spec import parse_spec
+from hpo.storage import open_storage
+
+
+def _spec(name: str, **changes):
+    data = {"name": name, "task": "toy-hpo", "config": {"max_updates": 40, "max_epochs": None},
+            "search_space": {"lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
+            "objective": {"metric": "val_loss"}, "budget": {"n_trials": 4}, **changes}
+    return parse_spec(data)
+
+
+def _result(step: int, value: float, planned: int = 40, **extra) -> dict:
+    return {"step": step, "val_loss": value, "planned_updates": planned, "samples": step * 8,
+            "node_ip": "10.0.0.1", **extra}
+
+
+def _trial(record: StudyRecord, ray_id: str) -> optuna.trial.FrozenTrial:
+    return record.storage.get_trial(record.trials[ray_id].trial_id)
+
+
+def test_results_become_intermediate_values_and_complete_takes_the_last(storage_url,
+                                                                         unique_name):
+    record = StudyRecord(_spec(unique_name), open_storage(storage_url))
+    params = record.ask("r1")
+    assert 1e-3 <= params["lr"] <= 1e-1
+    record.started("r1")
+    for step, value in [(10, 0.9), (20, 0.5), (30, 0.7), (40, 0.6)]:
+        record.result("r1", _result(step, value))
+    record.result("r1", _result(40, 0.6, **{FINISHED_KEY: 1, "stop_reason": "max_updates"}))
+    assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
+    t = _trial(record, "r1")
+    assert t.intermediate_values == {10: 0.9, 20: 0.5, 30: 0.7, 40: 0.6}
+    assert t.value == 0.6
+    attrs = t.user_attrs
+    assert attrs["ray_trial_id"] == "r1" and attrs["node_ip"] == "10.0.0.1"
+    assert attrs["samples"] == 320 and attrs["stop_reason"] == "max_updates"
+    assert attrs["wall_time_s"] >= 0 and attrs["device_seconds"] == attrs["wall_time_s"]
+    assert attrs["device_kind"] == "cpu" and attrs["ended_at"] >= attrs["started_at"]
+
+
+def test_stopped_before_its_planned_updates_is_pruned_with_who_and_budget(sqlite_url):
+    record = StudyRecord(_spec("pruned"), open_storage(sqlite_url))
+    record.ask("r1")
+    record.result("r1", _result(10, 2.0))
+    record.note_stop("r1", "asha")
+    assert record.complete_or_prune("r1", "scheduler") == TrialState.PRUNED
+    t = _trial(record, "r1")
+    assert t.state == TrialState.PRUNED and t.value == 2.0
+    assert t.intermediate_values == {10: 2.0}
+    assert t.user_attrs["stopped_by"] == "asha"
+    assert t.user_attrs["budget_updates"] == 10 and t.user_attrs["planned_updates"] == 40
+
+
+def test_stopped_at_its_planned_updates_is_complete(sqlite_url):
+    # ASHA stops a trial at max_t too: it trained to its end, so it is COMPLETE
+    record = StudyRecord(_spec("at-max-t"), open_storage(sqlite_url))
+    record.ask("r1")
+    record.result("r1", _result(40, 0.3))
+    record.note_stop("r1", "asha")
+    assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
+
+
+def test_trial_that_stopped_itself_early_is_complete(sqlite_url):
+    record = StudyRecord(_spec("early-stop"), open_storage(sqlite_url))
+    record.ask("r1")
+    record.result("r1", _result(20, 0.3))
+    record.result("r1", _result(20, 0.3, **{FINISHED_KEY: 1, "stop_reason": "early_stopping"}))
+    assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_objective_fails_with_reason(storage_url, unique_name, bad):
+    record = StudyRecord(_spec(unique_name), open_storage(storage_url))
+    record.ask("r1")
+    record.result("r1", _result(10, 0.5))
+    record.result("r1", _result(40, bad, **{FINISHED_KEY: 1}))
+    assert record.complete_or_prune("r1", "fifo") == TrialState.FAIL
+    t = _trial(record, "r1")
+    assert "not finite" in t.user_attrs["fail_reason"]
+    assert t.intermediate_values[10] == 0.5
+    stored = t.intermediate_values[40]
+    assert (math.isnan(stored) and math.isnan(bad)) or stored == bad  # same on both backends
+
+
+def test_error_fails_with_the_error_text(sqlite_url):
+    record = StudyRecord(_spec("error"), open_storage(sqlite_url))
+    record.ask("r1")
+    record.fail("r1", "Traceback ...\nRuntimeError: toy failure at update 3")
+    t = _trial(record, "r1")
+    assert t.state == TrialState.FAIL
+    assert "toy failure at update 3" in t.user_attrs["fail_reason"]
+    assert record.complete_or_prune("r1", "x") == TrialState.FAIL  # told once, never again
+
+
+def test_objective_reduce_best(sqlite_url):
+    record = StudyRecord(_spec("best", objective_reduce="best"), open_storage(sqlite_url))
+    record.ask("r1")
+    for step, value in [(10, 0.9), (20, 0.2), (40, 0.5)]:
+        record.result("r1", _result(step, value))
+    record.result("r1", _result(40, 0.5, **{FINISHED_KEY: 1}))
+    record.complete_or_prune("r1", "fifo")
+    assert _trial(record, "r1").value == 0.2
+
+
+def test_same_name_with_another_spec_is_refused(sqlite_url):
+    storage = open_storage(sqlite_url)
+    StudyRecord(_spec("same"), storage)
+    StudyRecord(_spec("same"), storage)  # same spec: loads
+    with pytest.raises(StudyExistsError, match="different spec"):
+        StudyRecord(_spec("same", budget={"n_trials": 5}), storage)
+
+
+def test_given_params_are_used_as_they_are(sqlite_url):
+    record = StudyRecord(_spec("given"), open_storage(sqlite_url))
+    assert record.ask("r1", params={"lr": 0.0123}) == {"lr": 0.0123}
+    assert _trial(record, "r1").params == {"lr": 0.0123}
+    assert record.counts().running == 1

@@ -1,0 +1,56 @@
+"""``toy-hpo``: a tiny real training run whose validation curve the test controls.
+
+Training is the real ``trainers.fit`` loop on a 48-sample regression problem
+(milliseconds per update). The reported ``val_loss`` is scripted, so that tests
+know which trials a scheduler should stop: after ``k`` evaluations it is
+``quality + 1 / (k + 1)`` (lower quality = better trial). Options also make a
+trial raise, report NaN, or slow down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from tests.trainers.toy_tasks import RegressionOptions, RegressionTask
+from trainers.fields import option
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HpoToyOptions(RegressionOptions):
+    quality: float = option(1.0, "offset of the scripted val_loss (lower is better)")
+    fail_at_update: int = option(0, "raise RuntimeError in this update (0: never)")
+    nan_from_eval: int = option(0, "val_loss is NaN from this evaluation on (0: never)")
+    sleep_ms: int = option(0, "sleep this long in every micro-batch")
+
+
+class HpoToyTask(RegressionTask):
+    name = "toy-hpo"
+    Options = HpoToyOptions
+    metrics = {"val_loss": "minimize", "val_score": "maximize"}
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.calls = 0
+        self.evals = 0
+
+    def datasets(self, seed: int):
+        return super().datasets(seed)
+
+    def loss_sum(self, model, batch) -> torch.Tensor:
+        self.calls += 1
+        if self.options.fail_at_update and self.calls >= self.options.fail_at_update:
+            raise RuntimeError(f"toy failure at update {self.calls}")
+        if self.options.sleep_ms:
+            time.sleep(self.options.sleep_ms / 1000)
+        return super().loss_sum(model, batch)
+
+    def eval_metrics(self, sums):
+        self.evals += 1
+        o = self.options
+        loss = o.quality + 1.0 / (self.evals + 1)
+        if o.nan_from_eval and self.evals >= o.nan_from_eval:
+            loss = float("nan")
+        return {"val_loss": loss, "val_score": -loss}
