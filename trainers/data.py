@@ -130,21 +130,26 @@ class TokenWindows(Dataset):
 
 
 class ContiguousBlocks(Dataset):
-    """Non-overlapping windows covering a token stream in order (for evaluation).
+    """Non-overlapping windows of a token stream, for evaluation.
 
-    Items: ``(x_T, y_T)`` int64 as in :class:`TokenWindows`; at most ``max_blocks``.
+    With ``max_blocks`` smaller than the number of blocks, the blocks kept are
+    spread evenly over the whole stream (not its first part), so a small
+    evaluation budget still samples all of it.
+
+    Items: ``(x_T, y_T)`` int64 as in :class:`TokenWindows`.
     """
 
     def __init__(self, tokens: np.ndarray, block_size: int, max_blocks: int | None = None) -> None:
         n = (len(tokens) - 1) // block_size
         self.tokens, self.block_size = tokens, block_size
-        self.n = n if max_blocks is None else min(n, max_blocks)
+        kept = n if max_blocks is None else min(n, max_blocks)
+        self.blocks = np.linspace(0, n - 1, kept).round().astype(np.int64).tolist()
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.blocks)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = i * self.block_size
+        start = self.blocks[i] * self.block_size
         chunk = torch.from_numpy(self.tokens[start:start + self.block_size + 1].astype(np.int64))
         return chunk[:-1], chunk[1:]
 

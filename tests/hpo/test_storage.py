@@ -26,7 +26,7 @@ def test_sqlite_is_opened_in_wal_mode_with_a_busy_timeout(tmp_path):
 def _writer(url: str, name: str, n: int, errors) -> None:
     try:
         study = optuna.load_study(study_name=name, storage=open_storage(url))
-        for i in range(n):
+        for _ in range(n):
             trial = study.ask()
             x = trial.suggest_float("x", 0, 1)
             for step in range(3):

@@ -1,0 +1,3 @@
+from hpo.cli import main
+
+main()

@@ -1,0 +1,52 @@
+"""``hpo run``: a study from a spec file, its progress and best trial; bad specs exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HPO = [sys.executable, "-m", "hpo"]
+
+
+def _spec(path: Path, **changes) -> Path:
+    data = {"name": "cli-study", "task": "toy-hpo",
+            "config": {"max_updates": 6, "max_epochs": None, "eval_interval": 3},
+            "search_space": {"quality": {"type": "float", "low": 0.0, "high": 1.0}},
+            "objective": {"metric": "val_loss"}, "budget": {"n_trials": 2},
+            **changes}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_run_prints_progress_and_best_trial(tmp_path):
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    proc = subprocess.run([*HPO, "run", str(_spec(tmp_path / "s.yaml")), "--storage", url,
+                           "--results-dir", str(tmp_path / "ray"), "--num-cpus", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "study progress" in proc.stderr
+    assert "2 trials finished (2 complete, 0 pruned, 0 failed)" in proc.stdout
+    assert "best trial #" in proc.stdout and "quality = " in proc.stdout
+    study = optuna.load_study(study_name="cli-study", storage=url)
+    assert len(study.trials) == 2
+
+
+def test_invalid_spec_exits_2_naming_each_field(tmp_path):
+    spec = _spec(tmp_path / "bad.yaml", search_space={
+        "quality": {"type": "float", "low": 0, "high": 1, "log": True},
+        "qualty": {"type": "int", "low": 1, "high": 2}}, budget={"n_trials": 0})
+    proc = subprocess.run([*HPO, "run", str(spec), "--storage",
+                           f"sqlite:///{tmp_path / 'x.db'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "budget.n_trials" in proc.stderr
+    assert "search_space.quality.low" in proc.stderr
+    assert not (tmp_path / "x.db").exists()  # nothing stored
+    missing = subprocess.run([*HPO, "run", str(tmp_path / "nope.yaml")], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
