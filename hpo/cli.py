@@ -2,12 +2,17 @@
 
     hpo run SPEC [--storage URL] [--ray-address ADDR] [--results-dir DIR]
 
+Installed packages add commands through the entry-point group ``hpo.cli``;
+the service adds ``serve``, ``token create``, ``submit``, ``status``,
+``trials``, ``stop`` and ``best`` (see ``service/cli.py``).
+
 Exit status: 0 done; 2 invalid spec or option (each problem on its own line,
 naming the field); 1 the study could not run (storage, cluster).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -83,6 +88,17 @@ def run(
               f"{result.best_value:.6g}")
     for name, value in (result.best_params or {}).items():
         out.print(f"  {name} = {value!r}")
+
+
+def _add_installed_commands() -> None:
+    """Add the commands of installed packages: each entry point of the group ``hpo.cli``
+    names a function that takes this app (the service's ``serve``, ``token``, ``submit``,
+    ``status``, ``trials``, ``stop``, ``best``). ``hpo`` thus never imports ``service``."""
+    for entry_point in importlib.metadata.entry_points(group="hpo.cli"):
+        entry_point.load()(app)
+
+
+_add_installed_commands()
 
 
 def main() -> None:

@@ -1,0 +1,99 @@
+"""Errors to HTTP, in one place; every error answer has the ``ErrorBody`` shape.
+
+| error | status | code |
+| --- | --- | --- |
+| ``MalformedBody`` | 400 | ``malformed_body`` |
+| ``NotAuthenticated`` | 401 | ``not_authenticated`` |
+| ``Forbidden`` | 403 | ``forbidden`` |
+| ``StudyNotFound``, ``TrialNotFound`` | 404 | ``not_found`` |
+| ``StudyConflict`` | 409 | ``conflict`` |
+| body over the size limit | 413 | ``body_too_large`` (see :mod:`service.middleware`) |
+| ``UnsupportedMediaType`` | 415 | ``unsupported_media_type`` |
+| ``hpo.errors.SpecError`` | 422 | ``invalid_spec``, one detail per field |
+| request validation (query, path) | 422 | ``invalid_request`` |
+| storage unreachable | 503 | ``storage_unavailable`` |
+| anything else | 500 | ``internal`` (logged, no text leaks) |
+"""
+
+from __future__ import annotations
+
+import logging
+
+import optuna.exceptions
+import sqlalchemy.exc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hpo.errors import SpecError, StorageError
+from service import errors as e
+from service.schemas import ErrorBody, ErrorDetail, ErrorInfo
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    e.MalformedBody: (400, "malformed_body"),
+    e.NotAuthenticated: (401, "not_authenticated"),
+    e.Forbidden: (403, "forbidden"),
+    e.StudyNotFound: (404, "not_found"),
+    e.TrialNotFound: (404, "not_found"),
+    e.StudyConflict: (409, "conflict"),
+    e.UnsupportedMediaType: (415, "unsupported_media_type"),
+}
+UNAVAILABLE = (StorageError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError,
+               optuna.exceptions.StorageInternalError)
+HTTP_CODES = {400: "bad_request", 401: "not_authenticated", 403: "forbidden", 404: "not_found",
+              405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
+
+
+def error_response(status: int, code: str, message: str,
+                   details: list[dict] | None = None, headers: dict | None = None) -> JSONResponse:
+    """A JSON error answer of the one error shape."""
+    body = ErrorBody(error=ErrorInfo(code=code, message=message,
+                                     details=[ErrorDetail(**d) for d in details or []]))
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+async def _service_error(request: Request, exc: e.ServiceError) -> JSONResponse:
+    status, code = STATUS.get(type(exc), (500, "internal"))
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return error_response(status, code, str(exc), headers=headers)
+
+
+async def _spec_error(request: Request, exc: SpecError) -> JSONResponse:
+    return error_response(422, "invalid_spec", f"invalid study spec: {len(exc.errors)} "
+                          f"problem(s)", [{"loc": d["loc"], "msg": d["msg"]} for d in exc.errors])
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    details = [{"loc": ".".join(str(p) for p in err["loc"]), "msg": err["msg"]}
+               for err in exc.errors()]
+    return error_response(422, "invalid_request", "invalid request parameters", details)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = HTTP_CODES.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("storage unavailable on %s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, "storage_unavailable", "the database is unavailable; retry later",
+                          headers={"Retry-After": "2"})
+
+
+async def _internal(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "internal", "internal error")
+
+
+def install(app: FastAPI) -> None:
+    """Register every handler on ``app``."""
+    app.add_exception_handler(e.ServiceError, _service_error)
+    app.add_exception_handler(SpecError, _spec_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    for exc_type in UNAVAILABLE:
+        app.add_exception_handler(exc_type, _unavailable)
+    app.add_exception_handler(Exception, _internal)

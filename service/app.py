@@ -1,0 +1,76 @@
+"""The app factory: ``create_app(settings)`` builds the REST API, the dashboard and the dispatcher.
+
+Nothing is built at import time. The database engine, the Optuna storage and
+the tables are made here; the dispatcher (when ``settings.run_dispatcher``)
+starts and stops with the app's lifespan. Routes are registered before the
+dashboard, which is mounted at ``/`` and answers every other path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from fastapi import FastAPI
+
+from hpo.storage import open_storage
+from service import api_errors
+from service.dashboard import build_dashboard
+from service.db import build_engine, create_tables, session_factory
+from service.deps import Components
+from service.health import Readiness
+from service.middleware import BodyLimit
+from service.routers import health, studies, tasks
+from service.settings import Settings
+from service.studies import StudyService
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service as an ASGI app.
+
+    Args:
+        settings: default ``Settings.from_env()``.
+
+    Raises:
+        hpo.errors.StorageError: the database cannot be opened.
+        service.errors.SettingsError: a bad environment variable (default settings only).
+    """
+    settings = settings or Settings.from_env()
+    engine = build_engine(settings.database_url)
+    create_tables(engine)
+    storage = open_storage(settings.database_url)
+    sessions = session_factory(engine)
+    study_service = StudyService(settings, sessions, storage)
+    dispatcher = None
+    if settings.run_dispatcher:
+        from service.dispatcher import Dispatcher
+
+        dispatcher = Dispatcher(settings, sessions, study_service)
+    readiness = Readiness(engine, settings.ray_address,
+                          dispatcher.alive if dispatcher is not None else None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if dispatcher is not None:
+            dispatcher.start()
+        try:
+            yield
+        finally:
+            if dispatcher is not None:
+                dispatcher.shutdown()
+            storage.engine.dispose()
+            engine.dispose()
+
+    app = FastAPI(title="hpo-service", version="0.1.0", lifespan=lifespan,
+                  description="Hyperparameter optimization of PyTorch training: Optuna studies "
+                              "on Ray Tune. The Optuna dashboard is at /dashboard.")
+    app.state.components = Components(settings, sessions, study_service, readiness)
+    app.state.dispatcher = dispatcher
+    api_errors.install(app)
+    for router in (health.router, studies.router, tasks.router):
+        app.include_router(router)
+    app.mount("/", build_dashboard(storage, sessions, settings))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

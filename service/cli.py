@@ -1,0 +1,209 @@
+"""The service's commands of the ``hpo`` CLI, added through the entry-point group ``hpo.cli``.
+
+    hpo serve [--host H] [--port P]
+    hpo token create NAME [--admin]
+    hpo submit SPEC [--wait]       hpo status NAME     hpo trials NAME
+    hpo stop NAME                  hpo best NAME
+
+Client commands talk to ``--url`` / ``HPO_URL`` with ``--token`` / ``HPO_TOKEN``.
+Exit status: 0 done (``submit --wait``: the study COMPLETED); 1 the service
+answered an error or the study FAILED; 2 invalid spec or option; 3 the study
+was STOPPED. Only typer and rich load with this module: FastAPI, Ray and
+httpx are imported inside the commands, so ``hpo run`` stays light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+err = Console(stderr=True)
+out = Console()
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", help="the service's address")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="HPO_TOKEN", show_default=False,
+                                              help="API token (hpo token create)")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the service's commands to the ``hpo`` typer app."""
+    app.command()(serve)
+    token_app = typer.Typer(help="API tokens of the service.", no_args_is_help=True)
+    token_app.command("create")(token_create)
+    app.add_typer(token_app, name="token")
+    for command in (submit, status, trials, stop, best):
+        app.command()(command)
+
+
+def serve(host: Annotated[str | None, typer.Option(envvar="HPO_HOST")] = None,
+          port: Annotated[int | None, typer.Option(envvar="HPO_PORT")] = None) -> None:
+    """Serve the REST API, the dispatcher and the Optuna dashboard (and a local Ray)."""
+    import logging
+
+    from service.server import serve as run_server
+    from service.settings import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    run_server(Settings.from_env(**overrides))
+
+
+def token_create(name: Annotated[str, typer.Argument(help="a name for the token's owner")],
+                 admin: Annotated[bool, typer.Option(help="sees and controls every study")]
+                 = False) -> None:
+    """Create an API token in the database (HPO_DATABASE_URL) and print it once."""
+    from service.auth import create_token
+    from service.db import build_engine, create_tables, session_factory
+    from service.errors import TokenExists
+    from service.settings import Settings
+
+    engine = build_engine(Settings.from_env().database_url)
+    try:
+        create_tables(engine)
+        token = create_token(session_factory(engine), name, admin=admin)
+    except (ValueError, TokenExists) as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+    finally:
+        engine.dispose()
+    err.print(f"token {name!r}{' (admin)' if admin else ''} created; it is shown only once:")
+    print(token)
+
+
+def _client(url: str, token: str | None):
+    from service.client import Client
+
+    return Client(url, token)
+
+
+def _fail(e) -> None:
+    """Print an ``ApiError`` and exit 2 (invalid input) or 1."""
+    err.print(f"[bold red]error[/] ({e.status or 'no answer'} {e.code}): {e}", highlight=False)
+    for d in e.details:
+        err.print(f"  {d['loc'] or '<spec>'}: {d['msg']}", markup=False)
+    raise typer.Exit(2 if e.status in (400, 413, 415, 422) else 1)
+
+
+def submit(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", exists=True, dir_okay=False,
+                                                     help="study spec, YAML or JSON")],
+           wait: Annotated[bool, typer.Option(help="show progress until the study ends")] = False,
+           url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """Submit a study spec to the service; with --wait, follow it and print the best trial."""
+    from service.client import ApiError
+
+    client = _client(url, token)
+    try:
+        study = client.submit(spec_path)
+        err.print(f"study {study['name']} {study['status']} ({study['n_trials']} trials); "
+                  f"dashboard: {url.rstrip('/')}{study['dashboard_url'] or '/dashboard'}")
+        if not wait:
+            return
+        from service.progress import follow
+
+        study = follow(client, study["name"], err)
+    except ApiError as e:
+        _fail(e)
+    _print_best(study)
+    _exit_for(study)
+
+
+def status(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """A study's status, progress, trial counts, best trial and device-seconds."""
+    from service.client import ApiError
+
+    try:
+        study = _client(url, token).study(name)
+    except ApiError as e:
+        _fail(e)
+    c = study["counts"]
+    table = Table(show_header=False, box=None)
+    for key, value in [("study", study["name"]), ("status", study["status"]),
+                       ("progress", f"{study['progress']['finished']}/{study['n_trials']}"),
+                       ("trials", f"{c['complete']} complete, {c['pruned']} pruned, "
+                                  f"{c['failed']} failed, {c['running']} running"),
+                       ("device-seconds", f"{study['device_seconds']:.1f}"),
+                       ("stop requested", str(study["stop_requested"]).lower())]:
+        table.add_row(key, value)
+    if study["error"]:
+        table.add_row("error", study["error"])
+    out.print(table)
+    _print_best(study)
+
+
+def trials(name: str, offset: Annotated[int, typer.Option(min=0)] = 0,
+           limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+           url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """A page of a study's trials: state, value, parameters, who stopped it."""
+    from service.client import ApiError
+
+    try:
+        page = _client(url, token).trials(name, offset, limit)
+    except ApiError as e:
+        _fail(e)
+    table = Table("#", "state", "value", "params", "note", header_style="bold")
+    for t in page["items"]:
+        attrs = t["user_attrs"]
+        note = attrs.get("fail_reason") or (f"stopped by {attrs['stopped_by']}"
+                                             if attrs.get("stopped_by") else "")
+        value = "" if t["value"] is None else f"{t['value']:.6g}" if isinstance(
+            t["value"], float) else str(t["value"])
+        params = ", ".join(f"{k}={_short(v)}" for k, v in t["params"].items())
+        table.add_row(str(t["number"]), t["state"], value, params, note[:60])
+    out.print(table)
+    err.print(f"trials {offset}-{offset + len(page['items'])} of {page['total']}")
+
+
+def stop(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """Stop a study: its running trials end within seconds."""
+    from service.client import ApiError
+
+    try:
+        study = _client(url, token).stop(name)
+    except ApiError as e:
+        _fail(e)
+    out.print(f"study {name}: {study['status']}"
+              f"{' (stopping)' if study['status'] == 'RUNNING' else ''}")
+
+
+def best(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """The best trial of a study (the Pareto front for several objectives)."""
+    from service.client import ApiError
+
+    try:
+        study = _client(url, token).study(name)
+    except ApiError as e:
+        _fail(e)
+    if not study["best_trials"]:
+        err.print(f"study {name} has no complete trial yet")
+        raise typer.Exit(1)
+    _print_best(study)
+
+
+def _print_best(study: dict) -> None:
+    objectives = study["spec"]["objective"]
+    metrics = [o["metric"] for o in (objectives if isinstance(objectives, list) else
+                                     [objectives])]
+    for t in study["best_trials"]:
+        values = ", ".join(f"{m} = {_short(v)}" for m, v in zip(metrics, t["values"] or [],
+                                                                strict=False))
+        out.print(f"best trial #{t['number']}: {values}", highlight=False)
+        for key, value in t["params"].items():
+            out.print(f"  {key} = {value!r}", highlight=False)
+
+
+def _short(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _exit_for(study: dict) -> None:
+    if study["status"] == "FAILED":
+        err.print(f"[bold red]study failed:[/] {study['error']}", highlight=False)
+        raise typer.Exit(1)
+    if study["status"] == "STOPPED":
+        raise typer.Exit(3)

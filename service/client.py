@@ -1,0 +1,94 @@
+"""A small HTTP client of the REST API (httpx), used by ``hpo submit/status/trials/stop/best``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ENDED = ("COMPLETED", "STOPPED", "FAILED")
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ApiError(Exception):
+    """The service answered an error (or could not be reached: ``status`` 0).
+
+    Attributes:
+        status: the HTTP status (0: no answer).
+        code: the error code of the answer (``invalid_spec``, ``conflict``, ...).
+        details: ``[{"loc": ..., "msg": ...}]`` for an invalid spec.
+    """
+
+    def __init__(self, status: int, code: str, message: str,
+                 details: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.details = details or []
+
+
+class Client:
+    """Calls the service at ``url`` with ``token`` (``None``: no Authorization header).
+
+    Args:
+        url: the service's base URL, e.g. ``http://127.0.0.1:8000``.
+        token: a token from ``hpo token create``.
+        timeout_s: per request, in seconds (> 0).
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def call(self, method: str, path: str, **kwargs) -> Any:
+        """One request; the decoded JSON answer (``None`` for 204).
+
+        Raises:
+            ApiError: an error answer, or no answer at all.
+        """
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}") from None
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                error = {"code": "http_error", "message": response.text[:500]}
+            raise ApiError(response.status_code, error.get("code", ""), error.get("message", ""),
+                           error.get("details"))
+        return response.json() if response.content else None
+
+    def submit(self, spec_path: Path) -> dict:
+        """POST a spec file (JSON by its ``.json`` suffix, else YAML); the created study."""
+        media = "application/json" if spec_path.suffix == ".json" else "application/yaml"
+        return self.call("POST", "/v1/studies", content=spec_path.read_bytes(),
+                         headers={"Content-Type": media})
+
+    def study(self, name: str) -> dict:
+        return self.call("GET", f"/v1/studies/{name}")
+
+    def trials(self, name: str, offset: int = 0, limit: int = 50) -> dict:
+        return self.call("GET", f"/v1/studies/{name}/trials",
+                         params={"offset": offset, "limit": limit})
+
+    def stop(self, name: str) -> dict:
+        return self.call("POST", f"/v1/studies/{name}/stop")
+
+    def wait(self, name: str, on_update: Callable[[dict], None] | None = None,
+             poll_s: float = 1.0) -> dict:
+        """Poll the study every ``poll_s`` seconds until it ends; the last view of it."""
+        while True:
+            study = self.study(name)
+            if on_update is not None:
+                on_update(study)
+            if study["status"] in ENDED:
+                return study
+            time.sleep(poll_s)
+
+    def close(self) -> None:
+        self.http.close()

@@ -1,0 +1,121 @@
+"""The service's own tables (SQLAlchemy 2.x), in the same database as the Optuna studies.
+
+``hpo_tokens`` holds API tokens (a SHA-256 hash only, never the token) and
+``hpo_studies`` the lifecycle of each study::
+
+    CREATING -> QUEUED -> RUNNING -> COMPLETED | STOPPED | FAILED
+                   \\-> STOPPED (stopped before it ran)     any ended -> DELETING -> (gone)
+
+``CREATING`` and ``DELETING`` are internal: a row in them is invisible to the
+API, and the dispatcher finishes or undoes them at start-up (a crash between
+the two writes of a create or a delete leaves nothing half-stored).
+The table names carry the ``hpo_`` prefix because Optuna owns ``studies``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from hpo.storage import engine_kwargs, prepare_sqlite, sqlite_path
+
+
+class Status(enum.StrEnum):
+    CREATING = "CREATING"
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+    DELETING = "DELETING"
+
+
+VISIBLE = (Status.QUEUED, Status.RUNNING, Status.COMPLETED, Status.STOPPED, Status.FAILED)
+ENDED = (Status.COMPLETED, Status.STOPPED, Status.FAILED)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(sa.TypeDecorator):
+    """A timezone-aware UTC datetime on every backend (SQLite stores it naive)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(dt.UTC)
+            if dialect.name == "sqlite":
+                value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TokenRow(Base):
+    __tablename__ = "hpo_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    is_admin: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class StudyRow(Base):
+    __tablename__ = "hpo_studies"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    owner_id: Mapped[int | None] = mapped_column(sa.ForeignKey("hpo_tokens.id"), index=True)
+    status: Mapped[str] = mapped_column(sa.String(16), index=True)
+    spec: Mapped[dict] = mapped_column(sa.JSON)
+    n_trials: Mapped[int]
+    stop_requested: Mapped[bool] = mapped_column(default=False)
+    claimed_by: Mapped[str | None] = mapped_column(sa.String(200))
+    worker_pid: Mapped[int | None]
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(default=0)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow,
+                                                    onupdate=utcnow)
+
+
+def build_engine(url: str) -> sa.Engine:
+    """An engine for ``url`` with the options of the Optuna storage (SQLite: WAL, busy timeout).
+
+    Raises:
+        hpo.errors.StorageError: the SQLite file cannot be switched to WAL.
+        sqlalchemy.exc.ArgumentError: ``url`` is not a database URL.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        prepare_sqlite(path)
+    kwargs = engine_kwargs(url)
+    if path is None:
+        kwargs.update(pool_size=10, max_overflow=20)
+    return sa.create_engine(url, **kwargs)
+
+
+def create_tables(engine: sa.Engine) -> None:
+    """Create the service's tables if they are missing (idempotent, safe to race)."""
+    Base.metadata.create_all(engine, checkfirst=True)
+
+
+def session_factory(engine: sa.Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)

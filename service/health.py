@@ -1,0 +1,74 @@
+"""Readiness: is the database answering, is Ray reachable, is the dispatcher alive?
+
+Request handlers never call Ray: Ray's reachability is a TCP connection to
+the cluster's GCS address (what ``ray.init(address=...)`` connects to first),
+a cheap check that needs no Ray import in the API process.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+RAY_PROBE_TIMEOUT_S = 1.0
+
+
+def gcs_endpoint(address: str | None) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address such as ``10.0.0.1:6379`` or ``ray://h:10001``.
+
+    Returns ``None`` for ``auto`` or no address (nothing to probe).
+    """
+    if not address or address == "auto":
+        return None
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def tcp_reachable(host: str, port: int, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class Readiness:
+    """The checks behind ``/readyz``.
+
+    Args:
+        engine: the service's database engine.
+        ray_address: the cluster the drivers join (``None``: not checked).
+        dispatcher_alive: ``None`` when this process runs no dispatcher.
+    """
+
+    def __init__(self, engine: sa.Engine, ray_address: str | None,
+                 dispatcher_alive: Callable[[], bool] | None = None) -> None:
+        self.engine = engine
+        self.ray_address = ray_address
+        self.dispatcher_alive = dispatcher_alive
+
+    def checks(self) -> dict[str, str]:
+        """``{"database": "ok" | "error: ...", "ray": ..., "dispatcher": ...}``."""
+        out = {"database": self._database()}
+        endpoint = gcs_endpoint(self.ray_address)
+        if endpoint is not None:
+            out["ray"] = "ok" if tcp_reachable(*endpoint) else (
+                f"error: no answer from {endpoint[0]}:{endpoint[1]}")
+        elif self.ray_address is None:
+            out["ray"] = "not configured"
+        if self.dispatcher_alive is not None:
+            out["dispatcher"] = "ok" if self.dispatcher_alive() else "error: not running"
+        return out
+
+    def _database(self) -> str:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            return "ok"
+        except sa.exc.SQLAlchemyError as e:
+            return f"error: {type(e).__name__}"

@@ -1,0 +1,64 @@
+"""Child processes that share the fate of the service (study drivers, the local Ray head).
+
+``hpo serve`` runs API, dispatcher, drivers and a local Ray as one process
+group; when the service dies, even by SIGKILL, its children must die too, so
+that a restarted service can take their studies over without two drivers on
+one study.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1
+PARENT_ENV = "HPO_PARENT_PID"
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies; exit now if it already has.
+
+    The parent's pid comes from ``HPO_PARENT_PID``. Elsewhere than Linux this
+    only checks the parent once; the driver's heartbeat checks it again.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if parent_gone():
+        os._exit(70)
+
+
+def parent_gone() -> bool:
+    """True when the parent named by ``HPO_PARENT_PID`` is no longer this process's parent."""
+    expected = os.environ.get(PARENT_ENV)
+    return expected is not None and os.getppid() != int(expected)
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment plus ``extra`` and the parent pid for :func:`die_with_parent`."""
+    return {**os.environ, **extra, PARENT_ENV: str(os.getpid())}
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 3`` or ``signal SIGKILL`` for a ``Popen.returncode``."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> int:
+    """SIGTERM ``proc``, wait up to ``timeout_s`` seconds, then SIGKILL; return its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()

@@ -1,0 +1,41 @@
+"""The local Ray of ``hpo serve``: ``python -m service.ray_head [NUM_CPUS]``.
+
+Starts a Ray head in this process (``ray.init``), prints one JSON line
+``{"address": "IP:PORT", "auth_mode": "token"}`` and keeps Ray up until
+SIGTERM, SIGINT or the death of its parent (the service, even by SIGKILL). Ray's own processes
+share this process's fate, so the whole local cluster goes with the service.
+Study drivers join it with ``ray.init(address=...)``; the token that Ray's
+token auth needs is the one ``ray.init`` keeps in ``~/.ray/auth_token``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+
+from service.process import die_with_parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    num_cpus = int(args[0]) if args else None
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    die_with_parent(signal.SIGTERM)  # SIGTERM, so that ray.shutdown() stops Ray's agents too
+    import ray
+
+    context = ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
+                       log_to_driver=False)
+    print(json.dumps({"address": context.address_info["gcs_address"],
+                      "auth_mode": os.environ.get("RAY_AUTH_MODE")}), flush=True)
+    done.wait()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One router per resource: studies (and their trials), tasks, health."""

@@ -1,0 +1,40 @@
+"""``/v1/tasks``: the registered training tasks, their options and metrics."""
+
+from __future__ import annotations
+
+import functools
+
+from fastapi import APIRouter
+
+import trainers
+from service.deps import Reader
+from service.schemas import FieldOut, TaskOut, TasksOut
+
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+
+def _fields(infos: list[trainers.FieldInfo]) -> list[FieldOut]:
+    return [FieldOut(**{**info.to_dict(), "choices": list(info.choices)
+                        if info.choices is not None else None}) for info in infos]
+
+
+def _task(name: str) -> TaskOut:
+    try:
+        cls = trainers.get_task(name)
+    except (ImportError, TypeError, AttributeError) as e:  # a broken installed entry point
+        return TaskOut(name=name, objective=None, metrics={}, options=[], error=str(e))
+    return TaskOut(name=name, objective=cls.objective, metrics=dict(cls.metrics),
+                   options=_fields(cls.fields()))
+
+
+@functools.cache
+def describe_tasks() -> TasksOut:
+    """Every task known to this process (entry points are read once per process)."""
+    return TasksOut(training_fields=_fields(trainers.describe(trainers.TrainConfig)),
+                    tasks=[_task(name) for name in trainers.list_tasks()])
+
+
+@router.get("", response_model=TasksOut)
+def list_tasks(who: Reader) -> TasksOut:
+    """The built-in and installed tasks (entry-point group ``hpo.trainers``)."""
+    return describe_tasks()

@@ -1,0 +1,162 @@
+"""Request and response bodies of the REST API (pydantic), apart from the storage models.
+
+Floats that are NaN or infinite (a diverged trial's intermediate values) are
+written as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``: JSON has
+no such numbers, and optuna-dashboard#108 shows what a bare ``Infinity`` does
+to a JSON client.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Generic, TypeVar
+
+from optuna.trial import FrozenTrial
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.studies import StudyView
+
+T = TypeVar("T")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+
+class ErrorDetail(_Out):
+    loc: str = Field(description="dotted path of the offending field ('' for the whole body)")
+    msg: str
+
+
+class ErrorInfo(_Out):
+    code: str = Field(description="stable machine-readable code, e.g. invalid_spec")
+    message: str
+    details: list[ErrorDetail] = []
+
+
+class ErrorBody(_Out):
+    """The one shape of every error answer."""
+
+    error: ErrorInfo
+
+
+class Page(_Out, Generic[T]):
+    items: list[T]
+    total: int = Field(description="items in the whole collection")
+    offset: int
+    limit: int
+
+
+class Counts(_Out):
+    complete: int
+    pruned: int
+    failed: int
+    running: int
+    waiting: int
+
+
+class Progress(_Out):
+    finished: int = Field(description="trials COMPLETE, PRUNED or FAIL")
+    n_trials: int = Field(description="the study's budget of finished trials")
+    fraction: float = Field(description="finished / n_trials, in [0, 1]")
+
+
+class TrialOut(_Out):
+    number: int
+    state: str = Field(description="RUNNING, COMPLETE, PRUNED, FAIL or WAITING")
+    value: float | None = Field(description="the objective (first objective if several)")
+    values: list[float] | None
+    params: dict[str, Any]
+    user_attrs: dict[str, Any] = Field(description="stopped_by, device_seconds, fail_reason, ...")
+    datetime_start: dt.datetime | None
+    datetime_complete: dt.datetime | None
+    duration_s: float | None
+    intermediate_values: dict[int, float] | None = Field(
+        None, description="step (optimizer updates) -> objective; only with ?intermediate=true")
+
+    @classmethod
+    def of(cls, trial: FrozenTrial, intermediate: bool = False) -> TrialOut:
+        duration = trial.duration.total_seconds() if trial.duration is not None else None
+        return cls(number=trial.number, state=trial.state.name,
+                   value=trial.values[0] if trial.values else None, values=trial.values,
+                   params=trial.params, user_attrs=trial.user_attrs,
+                   datetime_start=trial.datetime_start, datetime_complete=trial.datetime_complete,
+                   duration_s=duration,
+                   intermediate_values=dict(trial.intermediate_values) if intermediate else None)
+
+
+class StudySummary(_Out):
+    name: str
+    status: str = Field(description="QUEUED, RUNNING, COMPLETED, STOPPED or FAILED")
+    owner: str | None
+    task: str
+    n_trials: int
+    counts: Counts
+    progress: Progress
+    stop_requested: bool
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    error: str | None
+
+    @classmethod
+    def fields_of(cls, v: StudyView) -> dict[str, Any]:
+        row, c = v.row, v.counts
+        return dict(
+            name=row.name, status=row.status, owner=v.owner, task=row.spec.get("task", ""),
+            n_trials=row.n_trials,
+            counts=Counts(complete=c.complete, pruned=c.pruned, failed=c.failed,
+                          running=c.running, waiting=c.waiting),
+            progress=Progress(finished=c.finished, n_trials=row.n_trials,
+                              fraction=min(1.0, c.finished / row.n_trials)),
+            stop_requested=row.stop_requested, created_at=row.created_at,
+            started_at=row.started_at, ended_at=row.ended_at, error=row.error)
+
+    @classmethod
+    def of(cls, v: StudyView) -> StudySummary:
+        return cls(**cls.fields_of(v))
+
+
+class StudyOut(StudySummary):
+    spec: dict[str, Any]
+    best_trial: TrialOut | None = Field(description="single objective: the best COMPLETE trial")
+    best_trials: list[TrialOut] = Field(description="the best trial, or the Pareto front")
+    device_seconds: float = Field(description="CPU- or GPU-seconds held by the trials so far")
+    attempts: int = Field(description="times a driver started on this study")
+    dashboard_url: str | None = Field(description="path of the study's dashboard page")
+
+    @classmethod
+    def of(cls, v: StudyView) -> StudyOut:
+        best = [TrialOut.of(t) for t in v.best]
+        return cls(**cls.fields_of(v), spec=v.row.spec,
+                   best_trial=best[0] if len(best) == 1 else None, best_trials=best,
+                   device_seconds=round(v.device_seconds, 3), attempts=v.row.attempts,
+                   dashboard_url=(f"/dashboard/studies/{v.optuna_id}"
+                                  if v.optuna_id is not None else None))
+
+
+class FieldOut(_Out):
+    name: str
+    kind: str = Field(description="int, float, bool, str or choice")
+    default: Any
+    help: str
+    nullable: bool
+    choices: list[Any] | None
+
+
+class TaskOut(_Out):
+    name: str
+    objective: str | None = Field(description="the metric optimized by default")
+    metrics: dict[str, str] = Field(description="metric -> minimize | maximize")
+    options: list[FieldOut] = Field(description="the task's own options")
+    error: str | None = Field(None, description="why the task could not be loaded")
+
+
+class TasksOut(_Out):
+    training_fields: list[FieldOut] = Field(description="TrainConfig fields every task accepts")
+    tasks: list[TaskOut]
+
+
+class Health(_Out):
+    status: str
+    checks: dict[str, str] = {}

@@ -1,0 +1,90 @@
+"""``hpo serve``: the API, the dispatcher, the dashboard and (by default) a local Ray, in one
+process group.
+
+Without ``RAY_ADDRESS`` a child process starts a local Ray head
+(:mod:`service.ray_head`) and the study drivers join it; with it they join that
+cluster. SIGINT or SIGTERM shut down cleanly: uvicorn stops taking requests,
+the dispatcher asks running drivers to requeue their studies, then the local
+Ray stops. SIGKILL kills the children too (they die with their parent); the
+next start takes the RUNNING studies over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+
+import uvicorn
+
+from service.errors import ServiceError
+from service.middleware import RedactTokens
+from service.process import child_env, stop_process
+from service.settings import Settings
+
+log = logging.getLogger("service.server")
+RAY_START_TIMEOUT_S = 120.0
+
+
+class LocalRay:
+    """A Ray head in a child process (:mod:`service.ray_head`)."""
+
+    def __init__(self, num_cpus: int | None) -> None:
+        argv = [sys.executable, "-m", "service.ray_head"] + ([str(num_cpus)] if num_cpus else [])
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     text=True, env=child_env({}))
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise ServiceError(f"the local Ray head did not start (exit code {code})")
+        info = json.loads(line)
+        self.address: str = info["address"]
+        self.auth_mode: str | None = info.get("auth_mode")
+
+    def stop(self) -> None:
+        stop_process(self.proc, timeout_s=30)
+
+
+def serve(settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM.
+
+    Raises:
+        ServiceError: the local Ray head could not start.
+        hpo.errors.StorageError: the database cannot be opened.
+    """
+    from service.app import create_app
+
+    logging.getLogger("uvicorn.access").addFilter(RedactTokens())
+    local_ray = None
+    if not settings.ray_address:
+        local_ray = LocalRay(settings.num_cpus)
+        settings = dataclasses.replace(settings, ray_address=local_ray.address,
+                                       ray_auth_mode=local_ray.auth_mode)
+        log.info("local Ray head at %s", local_ray.address)
+    try:
+        config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                                log_level="info", timeout_graceful_shutdown=10)
+        uvicorn.Server(config).run()
+    finally:
+        if local_ray is not None:
+            local_ray.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m service.server [--host H] [--port P]``; other settings from the environment."""
+    parser = argparse.ArgumentParser(prog="python -m service.server", description=__doc__)
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    serve(Settings.from_env(**overrides))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

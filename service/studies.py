@@ -1,0 +1,259 @@
+"""Study operations behind the REST API: create, read, stop and delete, scoped by owner.
+
+No HTTP here: each operation takes a :class:`~service.auth.Principal` and raises
+errors of :mod:`service.errors` or :mod:`hpo.errors`, which
+:mod:`service.api_errors` maps to HTTP. No Ray either: these only write to the
+database; the dispatcher acts on what they wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy as sa
+import sqlalchemy.exc
+from optuna.trial import FrozenTrial
+from sqlalchemy.orm import sessionmaker
+
+from hpo.errors import StudyExistsError
+from hpo.record import open_study
+from hpo.spec import StudySpec, parse_spec
+from service import optuna_sql
+from service.auth import Principal
+from service.db import ENDED, VISIBLE, Status, StudyRow, TokenRow, utcnow
+from service.errors import StudyConflict, StudyNotFound, TrialNotFound
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyView:
+    """One study as the API shows it: its row plus what the Optuna record says."""
+
+    row: StudyRow
+    owner: str | None
+    counts: optuna_sql.TrialCounts
+    optuna_id: int | None
+    best: list[FrozenTrial]
+    device_seconds: float
+
+
+class StudyService:
+    """The studies of one database, seen through tokens.
+
+    Args:
+        settings: the service settings (``open_reads``, ``results_dir``).
+        sessions: a session factory on the service's engine.
+        storage: the Optuna storage of the same database.
+    """
+
+    def __init__(self, settings: Settings, sessions: sessionmaker,
+                 storage: optuna.storages.RDBStorage) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.storage = storage
+
+    # -- create ----------------------------------------------------------------------
+
+    def create(self, data: Mapping[str, Any], owner: Principal) -> StudyView:
+        """Validate ``data`` as a spec, store it QUEUED and create its Optuna study.
+
+        Nothing stays stored when this raises.
+
+        Raises:
+            hpo.errors.SpecError: the spec is invalid (each field named).
+            StudyConflict: a study of that name exists (here or in Optuna).
+        """
+        spec = parse_spec(data)
+        self._insert_creating(spec, owner)
+        created = False
+        try:
+            if self._optuna_study_exists(spec.name):
+                raise StudyConflict(f"an Optuna study named {spec.name!r} exists already")
+            open_study(spec, self.storage)
+            created = True
+            self._transition(spec.name, (Status.CREATING,), status=Status.QUEUED)
+        except StudyExistsError as e:
+            self.undo_create(spec.name, delete_optuna=False)
+            raise StudyConflict(str(e)) from None
+        except BaseException:
+            self.undo_create(spec.name, delete_optuna=created)
+            raise
+        return self.view(owner, spec.name)
+
+    def _insert_creating(self, spec: StudySpec, owner: Principal) -> None:
+        with self.sessions() as session:
+            session.add(StudyRow(name=spec.name, owner_id=owner.token_id,
+                                 status=Status.CREATING, spec=spec.to_dict(),
+                                 n_trials=spec.budget.n_trials))
+            try:
+                session.commit()
+            except sqlalchemy.exc.IntegrityError:
+                raise StudyConflict(f"a study named {spec.name!r} exists already") from None
+
+    def undo_create(self, name: str, *, delete_optuna: bool) -> None:
+        """Remove a half-created study: its Optuna study (if ours) and its row."""
+        if delete_optuna:
+            self._delete_optuna_study(name)
+        with self.sessions.begin() as session:
+            session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
+                                                      StudyRow.status == Status.CREATING))
+
+    # -- read ------------------------------------------------------------------------
+
+    def list(self, who: Principal, status: Status | None, offset: int,
+             limit: int) -> tuple[list[StudyView], int]:
+        """One page of the studies ``who`` may see, newest first, and their total count."""
+        where = [StudyRow.status.in_([status] if status else VISIBLE), *self._scope(who, True)]
+        with self.sessions() as session:
+            total = session.execute(sa.select(sa.func.count()).select_from(StudyRow)
+                                    .where(*where)).scalar_one()
+            rows = session.execute(
+                sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow)
+                .where(*where).order_by(StudyRow.created_at.desc(), StudyRow.id.desc())
+                .offset(offset).limit(limit)).all()
+            counts = optuna_sql.trial_counts(session.connection(), [r.name for r, _ in rows])
+        views = [StudyView(row, owner, counts[row.name], None, [], 0.0) for row, owner in rows]
+        return views, total
+
+    def view(self, who: Principal, name: str) -> StudyView:
+        """A study with its trial counts, best trial(s) and device-seconds so far.
+
+        Raises:
+            StudyNotFound: no such study, or not one ``who`` may see.
+        """
+        row, owner = self._get(who, name, read=True)
+        spec = parse_spec(row.spec, check_task=False)
+        with self.sessions() as session:
+            conn = session.connection()
+            counts = optuna_sql.trial_counts(conn, [name])[name]
+            optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
+            devices = (spec.resources.gpus or spec.resources.cpus) * spec.resources.workers
+            used = (optuna_sql.device_seconds(conn, optuna_id, devices)
+                    if optuna_id is not None else 0.0)
+        best = self._best(spec, optuna_id) if counts.complete else []
+        return StudyView(row, owner, counts, optuna_id, best, used)
+
+    def _best(self, spec: StudySpec, optuna_id: int | None) -> list[FrozenTrial]:
+        if optuna_id is None:
+            return []
+        if not spec.is_multi_objective:
+            return [self.storage.get_best_trial(optuna_id)]
+        return optuna.load_study(study_name=spec.name, storage=self.storage).best_trials
+
+    def trials(self, who: Principal, name: str, offset: int,
+               limit: int) -> tuple[list[FrozenTrial], int]:
+        """One page of a study's trials by number, and the study's number of trials.
+
+        Raises:
+            StudyNotFound: no such study, or not one ``who`` may see.
+        """
+        self._get(who, name, read=True)
+        with self.sessions() as session:
+            conn = session.connection()
+            optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
+            if optuna_id is None:
+                return [], 0
+            total = optuna_sql.trial_counts(conn, [name])[name].total
+            ids = optuna_sql.trial_ids_page(conn, optuna_id, offset, limit)
+        return [self.storage.get_trial(trial_id) for trial_id in ids], total
+
+    def trial(self, who: Principal, name: str, number: int) -> FrozenTrial:
+        """One trial of a study by its number.
+
+        Raises:
+            StudyNotFound: no such study, or not one ``who`` may see.
+            TrialNotFound: the study has no trial ``number``.
+        """
+        self._get(who, name, read=True)
+        try:
+            optuna_id = self.storage.get_study_id_from_name(name)
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(optuna_id, number)
+        except KeyError:
+            raise TrialNotFound(f"study {name!r} has no trial {number}") from None
+        return self.storage.get_trial(trial_id)
+
+    # -- stop and delete -------------------------------------------------------------
+
+    def stop(self, who: Principal, name: str) -> StudyView:
+        """Stop a study: a QUEUED one ends STOPPED now; a RUNNING one is asked to stop.
+
+        The driver of a RUNNING study sees the request within its heartbeat
+        interval; its running trials end within seconds, recorded PRUNED with
+        ``stopped_by: user``, and the study ends STOPPED.
+
+        Raises:
+            StudyNotFound: no such study, or not one ``who`` controls.
+            StudyConflict: the study has already ended.
+        """
+        self._get(who, name, read=False)
+        stopped = self._transition(name, (Status.QUEUED,), status=Status.STOPPED,
+                                   stop_requested=True, ended_at=utcnow())
+        if not stopped and not self._transition(name, (Status.RUNNING,), stop_requested=True):
+            row, _ = self._get(who, name, read=False)
+            raise StudyConflict(f"study {name!r} has already ended ({row.status})")
+        return self.view(who, name)
+
+    def delete(self, who: Principal, name: str) -> None:
+        """Delete a study that is not running: its row, its Optuna study and trials, its results.
+
+        Raises:
+            StudyNotFound: no such study, or not one ``who`` controls.
+            StudyConflict: the study is RUNNING (stop it first).
+        """
+        self._get(who, name, read=False)
+        if not self._transition(name, (Status.QUEUED, *ENDED), status=Status.DELETING):
+            raise StudyConflict(f"study {name!r} is running: stop it first")
+        self.purge(name)
+
+    def purge(self, name: str) -> None:
+        """Remove a DELETING study's Optuna study, result files and row."""
+        self._delete_optuna_study(name)
+        results = (Path(self.settings.results_dir) / name).resolve()
+        if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
+            shutil.rmtree(results, ignore_errors=True)
+        with self.sessions.begin() as session:
+            session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
+                                                      StudyRow.status == Status.DELETING))
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _scope(self, who: Principal, read: bool) -> list:
+        if who.is_admin or (read and self.settings.open_reads):
+            return []
+        return [StudyRow.owner_id == who.token_id]
+
+    def _get(self, who: Principal, name: str, *, read: bool) -> tuple[StudyRow, str | None]:
+        with self.sessions() as session:
+            found = session.execute(
+                sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow)
+                .where(StudyRow.name == name, StudyRow.status.in_(VISIBLE),
+                       *self._scope(who, read))).first()
+        if found is None:
+            raise StudyNotFound(f"no study named {name!r}")
+        return found[0], found[1]
+
+    def _transition(self, name: str, from_states: tuple[Status, ...], **values) -> bool:
+        """Set ``values`` on the study if its status is one of ``from_states``; True if it was."""
+        with self.sessions.begin() as session:
+            result = session.execute(sa.update(StudyRow).where(
+                StudyRow.name == name, StudyRow.status.in_(from_states)).values(
+                updated_at=utcnow(), **values))
+        return result.rowcount == 1
+
+    def _optuna_study_exists(self, name: str) -> bool:
+        with self.sessions() as session:
+            return name in optuna_sql.study_ids(session.connection(), [name])
+
+    def _delete_optuna_study(self, name: str) -> None:
+        with contextlib.suppress(KeyError):
+            self.storage.delete_study(self.storage.get_study_id_from_name(name))
+

@@ -1,0 +1,146 @@
+"""A study driver process: ``python -m service.worker NAME CLAIM``, started by the dispatcher.
+
+It runs ``hpo.tune.driver.run_study`` on the study (joining the service's
+Ray cluster), and meanwhile, every ``HPO_HEARTBEAT_S`` seconds, writes a
+heartbeat to the study's row, reads its stop request, and checks that it
+still holds the claim ``CLAIM`` and that the service is still its parent. It
+writes the study's end itself:
+
+* COMPLETED: the study reached its budget; STOPPED: a user asked it to stop;
+* FAILED: the spec cannot run here or the driver raised (the error is kept);
+* QUEUED again: the service shut down (SIGTERM); the next start continues it.
+
+Exit status: 0 the study's end was written; 75 the claim was lost (another
+dispatcher took the study over); 70 the service is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+
+import sqlalchemy as sa
+from sqlalchemy.orm import sessionmaker
+
+from hpo.errors import HpoError
+from hpo.spec import parse_spec
+from service.db import Status, StudyRow, build_engine, session_factory, utcnow
+from service.process import die_with_parent, parent_gone
+from service.settings import Settings
+
+log = logging.getLogger("service.worker")
+
+EXIT_LOST_CLAIM = 75
+EXIT_PARENT_GONE = 70
+
+
+class Heartbeat(threading.Thread):
+    """Writes the study's heartbeat and reads its stop request, every ``interval_s`` seconds."""
+
+    def __init__(self, sessions: sessionmaker, name: str, claim: str, interval_s: float) -> None:
+        super().__init__(name="hpo-heartbeat", daemon=True)
+        self.sessions = sessions
+        self.study = name
+        self.claim = claim
+        self.interval_s = interval_s
+        self.stop_requested = threading.Event()
+        self.shutdown_requested = threading.Event()
+        self._done = threading.Event()
+
+    def should_stop(self) -> bool:
+        """Polled by ``run_study``: a user's stop request or the service's shutdown."""
+        return self.stop_requested.is_set() or self.shutdown_requested.is_set()
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            if parent_gone():
+                os._exit(EXIT_PARENT_GONE)
+            try:
+                self.beat()
+            except sa.exc.SQLAlchemyError as e:  # transient; a long outage loses the claim
+                log.warning("heartbeat failed: %s", e)
+
+    def beat(self) -> None:
+        """One heartbeat; exits the process if the claim was lost."""
+        with self.sessions.begin() as session:
+            stop = session.execute(
+                sa.update(StudyRow).where(StudyRow.name == self.study,
+                                          StudyRow.claimed_by == self.claim,
+                                          StudyRow.status == Status.RUNNING)
+                .values(heartbeat_at=utcnow()).returning(StudyRow.stop_requested)
+            ).scalar_one_or_none()
+        if stop is None:
+            log.error("study %s: claim %s lost; exiting", self.study, self.claim)
+            os._exit(EXIT_LOST_CLAIM)
+        if stop:
+            self.stop_requested.set()
+
+    def close(self) -> None:
+        self._done.set()
+
+
+def finish(sessions: sessionmaker, name: str, claim: str, status: Status,
+           error: str | None = None) -> None:
+    """Write the study's end (guarded by the claim)."""
+    ended = utcnow() if status != Status.QUEUED else None
+    with sessions.begin() as session:
+        session.execute(sa.update(StudyRow).where(
+            StudyRow.name == name, StudyRow.claimed_by == claim,
+            StudyRow.status == Status.RUNNING).values(
+            status=status, error=error, ended_at=ended, updated_at=utcnow(),
+            claimed_by=None if status == Status.QUEUED else claim))
+    log.info("study %s: %s%s", name, status, f" ({error})" if error else "")
+
+
+def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> None:
+    """Run the study to its end and write that end."""
+    with sessions() as session:
+        row = session.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
+    beat = Heartbeat(sessions, name, claim, settings.heartbeat_s)
+    signal.signal(signal.SIGTERM, lambda *_: beat.shutdown_requested.set())
+    beat.beat()
+    beat.start()
+    try:
+        from hpo.tune.driver import run_study  # imports Ray: only in this process
+
+        outcome = run_study(parse_spec(row.spec), settings.database_url,
+                            ray_address=settings.ray_address, results_dir=settings.results_dir,
+                            should_stop=beat.should_stop)
+    except HpoError as e:
+        finish(sessions, name, claim, Status.FAILED, f"{type(e).__name__}: {e}")
+        return
+    except Exception:
+        finish(sessions, name, claim, Status.FAILED, traceback.format_exc()[-4000:])
+        return
+    finally:
+        beat.close()
+    if outcome.stopped and not beat.stop_requested.is_set():
+        finish(sessions, name, claim, Status.QUEUED)  # the service is shutting down
+    else:
+        finish(sessions, name, claim, Status.STOPPED if outcome.stopped else Status.COMPLETED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m service.worker STUDY_NAME CLAIM", file=sys.stderr)
+        return 2
+    die_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    logging.getLogger("optuna").setLevel(logging.WARNING)
+    settings = Settings.from_env()
+    engine = build_engine(settings.database_url)
+    try:
+        drive(settings, session_factory(engine), *args)
+    finally:
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
