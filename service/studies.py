@@ -74,18 +74,17 @@ class StudyService:
         """
         spec = parse_spec(data)
         self._insert_creating(spec, owner)
-        created = False
-        try:
-            if self._optuna_study_exists(spec.name):
-                raise StudyConflict(f"an Optuna study named {spec.name!r} exists already")
+        if self._optuna_study_exists(spec.name):
+            self.undo_create(spec.name, delete_optuna=False)
+            raise StudyConflict(f"an Optuna study named {spec.name!r} exists already")
+        try:  # from here on, an Optuna study of this name is the one this call creates
             open_study(spec, self.storage)
-            created = True
             self._transition(spec.name, (Status.CREATING,), status=Status.QUEUED)
-        except StudyExistsError as e:
+        except StudyExistsError as e:  # created outside the service a moment ago
             self.undo_create(spec.name, delete_optuna=False)
             raise StudyConflict(str(e)) from None
         except BaseException:
-            self.undo_create(spec.name, delete_optuna=created)
+            self.undo_create(spec.name, delete_optuna=True)
             raise
         return self.view(owner, spec.name)
 

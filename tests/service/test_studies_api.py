@@ -1,0 +1,251 @@
+"""``/v1/studies`` through TestClient: create, validation, conflicts, reads, stop, delete."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import optuna
+import pytest
+import sqlalchemy as sa
+import yaml
+from fastapi.testclient import TestClient
+
+from service.db import Status, StudyRow
+from tests.hpo.test_spec import INVALID
+from tests.service.conftest import bearer, tiny_spec
+
+
+def _stored(app) -> tuple[list[str], list[str]]:
+    """Names in the service's table and in Optuna's storage."""
+    c = app.state.components
+    with c.sessions() as session:
+        rows = session.execute(sa.select(StudyRow.name)).scalars().all()
+    return sorted(rows), sorted(s.study_name for s in c.studies.storage.get_all_studies())
+
+
+def test_create_answers_201_with_the_queued_study_and_creates_the_optuna_study(client, tokens,
+                                                                             app):
+    r = client.post("/v1/studies", json=tiny_spec("s1"), headers=bearer(tokens["alice"]))
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["status"] == "QUEUED" and body["owner"] == "alice"
+    assert body["progress"] == {"finished": 0, "n_trials": 3, "fraction": 0.0}
+    assert body["spec"]["objective"] == {"metric": "val_accuracy", "direction": "maximize"}
+    assert r.headers["location"] == "/v1/studies/s1"
+    assert _stored(app) == (["s1"], ["s1"])
+    study = optuna.load_study(study_name="s1", storage=app.state.components.studies.storage)
+    assert study.user_attrs["hpo_spec"] == body["spec"]
+
+
+def test_create_accepts_yaml_with_its_content_type(client, tokens):
+    text = yaml.safe_dump(tiny_spec("from-yaml"))
+    r = client.post("/v1/studies", content=text, headers={
+        **bearer(tokens["alice"]), "Content-Type": "application/yaml"})
+    assert r.status_code == 201, r.text
+    assert r.json()["name"] == "from-yaml"
+
+
+def test_existing_name_answers_409_and_keeps_the_first(client, tokens, app):
+    assert client.post("/v1/studies", json=tiny_spec("dup"),
+                       headers=bearer(tokens["alice"])).status_code == 201
+    r = client.post("/v1/studies", json=tiny_spec("dup", n_trials=9),
+                    headers=bearer(tokens["bob"]))
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "conflict"
+    assert client.get("/v1/studies/dup", headers=bearer(tokens["alice"])).json()["n_trials"] == 3
+
+
+def test_name_of_an_optuna_study_made_outside_the_service_answers_409_and_keeps_it(
+        client, tokens, app):
+    optuna.create_study(study_name="outside", storage=app.state.components.studies.storage)
+    r = client.post("/v1/studies", json=tiny_spec("outside"), headers=bearer(tokens["alice"]))
+    assert r.status_code == 409
+    assert _stored(app) == ([], ["outside"])
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"name": "x",}', b"\xff\xfe", b""])
+def test_malformed_json_answers_400_and_stores_nothing(client, tokens, app, body):
+    r = client.post("/v1/studies", content=body, headers={
+        **bearer(tokens["alice"]), "Content-Type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "malformed_body"
+    assert _stored(app) == ([], [])
+
+
+def test_malformed_yaml_answers_400(client, tokens):
+    r = client.post("/v1/studies", content="name: [unclosed\n", headers={
+        **bearer(tokens["alice"]), "Content-Type": "application/yaml"})
+    assert r.status_code == 400 and "YAML" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body", [[1, 2], "a string", 3, None])
+def test_json_that_is_not_an_object_answers_422(client, tokens, body):
+    r = client.post("/v1/studies", content=json.dumps(body), headers={
+        **bearer(tokens["alice"]), "Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["error"]["details"][0]["loc"] == ""
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_every_invalid_spec_kind_answers_422_naming_the_field_and_stores_nothing(
+        client, tokens, app, case):
+    data, loc = INVALID[case]
+    r = client.post("/v1/studies", json=data, headers=bearer(tokens["alice"]))
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_spec"
+    assert loc in [d["loc"] for d in error["details"]], error
+    assert all(d["msg"] for d in error["details"])
+    assert _stored(app) == ([], [])
+
+
+def test_a_failure_while_creating_the_optuna_study_leaves_nothing_stored(client, tokens, app,
+                                                                          monkeypatch):
+    import service.studies
+
+    def broken_open_study(spec, storage):
+        optuna.create_study(study_name=spec.name, storage=storage)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(service.studies, "open_study", broken_open_study)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/studies", json=tiny_spec("half"), headers=bearer(tokens["alice"]))
+    assert r.status_code == 500
+    assert r.json()["error"] == {"code": "internal", "message": "internal error", "details": []}
+    assert _stored(app) == ([], [])
+
+
+def test_unsupported_content_type_answers_415(client, tokens):
+    r = client.post("/v1/studies", content="x", headers={
+        **bearer(tokens["alice"]), "Content-Type": "text/plain"})
+    assert r.status_code == 415
+    assert r.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_body_over_the_limit_answers_413_declared_or_chunked(client, tokens, settings):
+    big = b"x" * (settings.max_body_bytes + 1)
+    r = client.post("/v1/studies", content=big, headers=bearer(tokens["alice"]))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+    def chunks():
+        for _ in range(settings.max_body_bytes // 4096 + 2):
+            yield b"y" * 4096
+
+    r = client.post("/v1/studies", content=chunks(), headers=bearer(tokens["alice"]))
+    assert r.status_code == 413
+
+
+def _with_trials(app, name: str, values: list[float | None]) -> None:
+    """Finish trials of ``name`` directly in Optuna: a float COMPLETE, None PRUNED."""
+    storage = app.state.components.studies.storage
+    study = optuna.load_study(study_name=name, storage=storage)
+    for value in values:
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
+        trial.report(0.5, 10)
+        trial.report(float("nan") if value is None else value, 20)
+        trial.set_user_attr("device_seconds", 2.5)
+        if value is None:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial, value)
+
+
+def test_study_view_has_counts_best_trial_progress_and_device_seconds(client, tokens, app):
+    client.post("/v1/studies", json=tiny_spec("v", n_trials=4), headers=bearer(tokens["alice"]))
+    _with_trials(app, "v", [0.9, 0.95, None])
+    body = client.get("/v1/studies/v", headers=bearer(tokens["alice"])).json()
+    assert body["counts"] == {"complete": 2, "pruned": 1, "failed": 0, "running": 0,
+                              "waiting": 0}
+    assert body["progress"] == {"finished": 3, "n_trials": 4, "fraction": 0.75}
+    assert body["best_trial"]["number"] == 1 and body["best_trial"]["value"] == 0.95
+    assert body["device_seconds"] == 7.5
+    assert body["dashboard_url"].startswith("/dashboard/studies/")
+
+
+def test_trials_are_paginated_with_intermediate_values_on_request(client, tokens, app):
+    client.post("/v1/studies", json=tiny_spec("p", n_trials=9), headers=bearer(tokens["alice"]))
+    _with_trials(app, "p", [0.1 * i for i in range(1, 6)] + [None])
+    h = bearer(tokens["alice"])
+    page = client.get("/v1/studies/p/trials?offset=2&limit=3", headers=h).json()
+    assert page["total"] == 6 and page["offset"] == 2 and page["limit"] == 3
+    assert [t["number"] for t in page["items"]] == [2, 3, 4]
+    assert page["items"][0]["intermediate_values"] is None
+    page = client.get("/v1/studies/p/trials?offset=5&intermediate=true", headers=h).json()
+    (pruned,) = page["items"]
+    assert pruned["state"] == "PRUNED"
+    assert pruned["intermediate_values"] == {"10": 0.5, "20": "NaN"}  # JSON has no NaN
+    one = client.get("/v1/studies/p/trials/1", headers=h).json()
+    assert one["number"] == 1 and math.isclose(one["value"], 0.2)
+    assert one["intermediate_values"] == {"10": 0.5, "20": one["value"]}
+    assert client.get("/v1/studies/p/trials/99", headers=h).status_code == 404
+    assert client.get("/v1/studies/p/trials?limit=0", headers=h).status_code == 422
+
+
+def test_list_filters_by_status_and_paginates_newest_first(client, tokens):
+    h = bearer(tokens["alice"])
+    for i in range(5):
+        client.post("/v1/studies", json=tiny_spec(f"l{i}"), headers=h)
+    client.post("/v1/studies/l1/stop", headers=h)
+    page = client.get("/v1/studies?limit=2", headers=h).json()
+    assert page["total"] == 5 and [s["name"] for s in page["items"]] == ["l4", "l3"]
+    page = client.get("/v1/studies?status=STOPPED", headers=h).json()
+    assert [s["name"] for s in page["items"]] == ["l1"]
+    bad = client.get("/v1/studies?status=NOPE", headers=h)
+    assert bad.status_code == 422 and bad.json()["error"]["details"][0]["loc"] == "query.status"
+
+
+def test_stop_of_a_queued_study_ends_it_stopped_and_of_an_ended_one_answers_409(client, tokens):
+    h = bearer(tokens["alice"])
+    client.post("/v1/studies", json=tiny_spec("q"), headers=h)
+    r = client.post("/v1/studies/q/stop", headers=h)
+    assert r.status_code == 202 and r.json()["status"] == "STOPPED"
+    assert r.json()["ended_at"] is not None
+    r = client.post("/v1/studies/q/stop", headers=h)
+    assert r.status_code == 409 and "STOPPED" in r.json()["error"]["message"]
+
+
+def test_stop_of_a_running_study_asks_its_driver(client, tokens, app):
+    h = bearer(tokens["alice"])
+    client.post("/v1/studies", json=tiny_spec("r"), headers=h)
+    _set_status(app, "r", Status.RUNNING)
+    r = client.post("/v1/studies/r/stop", headers=h)
+    assert r.status_code == 202
+    assert r.json()["status"] == "RUNNING" and r.json()["stop_requested"] is True
+
+
+def _set_status(app, name: str, status: Status) -> None:
+    with app.state.components.sessions.begin() as session:
+        session.execute(sa.update(StudyRow).where(StudyRow.name == name).values(status=status))
+
+
+def test_delete_refuses_a_running_study_and_removes_an_ended_one_with_its_trials(
+        client, tokens, app, settings):
+    h = bearer(tokens["alice"])
+    client.post("/v1/studies", json=tiny_spec("d"), headers=h)
+    _with_trials(app, "d", [0.5])
+    (settings.results_dir / "d").mkdir(parents=True)
+    _set_status(app, "d", Status.RUNNING)
+    r = client.delete("/v1/studies/d", headers=h)
+    assert r.status_code == 409 and "running" in r.json()["error"]["message"]
+    _set_status(app, "d", Status.COMPLETED)
+    assert client.delete("/v1/studies/d", headers=h).status_code == 204
+    assert _stored(app) == ([], [])
+    assert not (settings.results_dir / "d").exists()
+    assert client.get("/v1/studies/d", headers=h).status_code == 404
+    assert client.post("/v1/studies", json=tiny_spec("d"), headers=h).status_code == 201
+
+
+def test_unknown_study_answers_404_in_the_error_shape(client, tokens):
+    r = client.get("/v1/studies/nope", headers=bearer(tokens["alice"]))
+    assert r.status_code == 404
+    assert r.json() == {"error": {"code": "not_found", "message": "no study named 'nope'",
+                                  "details": []}}
+
+
+def test_openapi_documents_every_route(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/studies", "/v1/studies/{name}", "/v1/studies/{name}/trials",
+            "/v1/studies/{name}/trials/{number}", "/v1/studies/{name}/stop", "/v1/tasks",
+            "/healthz", "/readyz"} <= set(paths)
+    assert client.get("/docs").status_code == 200
