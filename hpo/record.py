@@ -36,6 +36,7 @@ from hpo.spec import StudySpec
 
 SPEC_ATTR = "hpo_spec"
 FINISHED_KEY = "trial_finished"  # set by the trainable in the report after fit returned
+RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopted trial resumes
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -52,6 +53,17 @@ class TrialProgress:
     finished: bool = False
     stopped_by: str | None = None
     told: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Orphan:
+    """A trial a previous driver left RUNNING: its Optuna identity and its last checkpoint."""
+
+    number: int
+    trial_id: int
+    params: dict[str, Any]
+    checkpoint: str | None
+    values: list[tuple[int, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +94,12 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.
         study.set_user_attr(SPEC_ATTR, spec.to_dict())
     elif stored != spec.to_dict():
         raise StudyExistsError(f"study {spec.name!r} exists with a different spec")
+    n_existing = len(study.get_trials(deepcopy=False))
+    if n_existing:
+        # Continuing a study: the spec's sampler again (never a silent swap to random
+        # search, ray#30861), its seed moved on so that it does not replay the
+        # suggestions it already made.
+        study.sampler = build_sampler(spec, seed_offset=n_existing)
     return study
 
 
@@ -122,6 +140,59 @@ class StudyRecord:
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number)
         self.trials[ray_trial_id] = TrialProgress(trial.number, trial_id)
         return dict(trial.params)
+
+    def orphans(self) -> list[Orphan]:
+        """Trials left RUNNING in the storage by a driver that is gone.
+
+        Call before this driver asks for any trial: one driver runs a study at a time.
+        """
+        found = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id,
+                                                                            t.number)
+            found.append(Orphan(t.number, trial_id, dict(t.params),
+                                t.user_attrs.get("checkpoint"),
+                                sorted(t.intermediate_values.items())))
+        return found
+
+    def adopt(self, ray_trial_id: str, orphan: Orphan) -> None:
+        """Continue an orphan's Optuna trial with a new Ray trial (resumed from its checkpoint)."""
+        self.trials[ray_trial_id] = TrialProgress(orphan.number, orphan.trial_id,
+                                                  values=list(orphan.values))
+        self.storage.set_trial_user_attr(orphan.trial_id, "ray_trial_id", ray_trial_id)
+        self._bump(orphan.trial_id, "resumed_after_driver_loss")
+
+    def requeue(self, orphan: Orphan, reason: str) -> None:
+        """End an orphan FAIL with ``reason`` and enqueue its parameters to run again.
+
+        A requeued trial does not count against the budget (``budget_used``).
+        """
+        self.storage.set_trial_user_attr(orphan.trial_id, "fail_reason", reason)
+        self.storage.set_trial_user_attr(orphan.trial_id, "requeued", True)
+        self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
+        self.study.enqueue_trial(orphan.params, user_attrs={"requeued_from": orphan.number})
+
+    def budget_used(self) -> int:
+        """Finished trials that count against ``budget.n_trials`` (requeued ones do not)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False, states=TERMINAL)
+                   if not t.user_attrs.get("requeued"))
+
+    def checkpointed(self, ray_trial_id: str, location: str) -> None:
+        """Remember a trial's newest persisted checkpoint (what a new driver resumes from)."""
+        t = self.trials.get(ray_trial_id)
+        if t is not None and not t.told:
+            self.storage.set_trial_user_attr(t.trial_id, "checkpoint", location)
+
+    def restarted(self, ray_trial_id: str) -> None:
+        """Tune restarts a failed trial (``max_failures``): count it, bank its wall time."""
+        t = self.trials.get(ray_trial_id)
+        if t is not None and not t.told:
+            self.stopped_running(ray_trial_id)
+            self._bump(t.trial_id, "restarts")
+
+    def _bump(self, trial_id: int, key: str) -> None:
+        count = self.storage.get_trial(trial_id).user_attrs.get(key, 0)
+        self.storage.set_trial_user_attr(trial_id, key, count + 1)
 
     def knows(self, ray_trial_id: str) -> bool:
         return ray_trial_id in self.trials
@@ -229,6 +300,7 @@ class StudyRecord:
             t.started = None
         attrs = {
             "node_ip": t.last.get("node_ip"),
+            "node_id": t.last.get("node_id"),
             "checkpoint": t.last.get("checkpoint_location"),
             "wall_time_s": round(t.wall_time_s, 3),
             "device_seconds": round(t.wall_time_s * self.devices_held, 3),

@@ -59,13 +59,15 @@ class GridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def build_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+def build_sampler(spec: StudySpec, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
     """The Optuna sampler named by ``spec.sampler``, seeded from the spec.
 
     TPE runs with ``constant_liar`` by default so that concurrent trials do not
     all sample the same region (Optuna's recommendation for parallel studies).
+    ``seed_offset`` moves the seed on when a study continues after a restart.
     """
-    s = spec.sampler
+    s = spec.sampler.model_copy(update={"seed": None if spec.sampler.seed is None
+                                        else spec.sampler.seed + seed_offset})
     if s.name == "tpe":
         return optuna.samplers.TPESampler(seed=s.seed, n_startup_trials=s.n_startup_trials,
                                           multivariate=s.multivariate,

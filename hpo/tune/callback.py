@@ -59,7 +59,10 @@ class RecordCallback(Callback):
         self.record.started(trial.trial_id)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self.record.stopped_running(trial.trial_id)
+        self.record.restarted(trial.trial_id)
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        self.record.checkpointed(trial.trial_id, checkpoint.path)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._ensure(trial)

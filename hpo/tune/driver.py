@@ -17,7 +17,7 @@ from ray import tune
 
 import trainers
 from hpo.errors import ClusterError, SpecError
-from hpo.record import Counts, StudyRecord
+from hpo.record import Counts, Orphan, StudyRecord
 from hpo.spec import StudySpec
 from hpo.storage import open_storage
 from hpo.tune.callback import RecordCallback
@@ -126,16 +126,16 @@ class StopWhen(tune.Stopper):
         return self.stopped
 
 
-def build_tuner(spec: StudySpec, record: StudyRecord, n_trials: int, results_dir: Path,
+def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
                 on_change: Callable[[], None] | None, stopper: StopWhen) -> tune.Tuner:
-    """A Tuner for ``n_trials`` more trials of ``spec``."""
+    """A Tuner for the planned trials of ``spec``: orphans to resume, then new ones."""
     task, config = trainers.create(spec.task, spec.config)
     scheduler = build_scheduler(spec, record, trainers.planned_updates(task, config))
     objective = spec.objectives[0]
     tune_config = tune.TuneConfig(
         metric=objective.metric, mode="max" if objective.direction == "maximize" else "min",
-        search_alg=StudySearcher(record, n_trials), scheduler=scheduler,
-        num_samples=n_trials, max_concurrent_trials=spec.budget.max_concurrent_trials,
+        search_alg=StudySearcher(record, plan.n_new, plan.resumes), scheduler=scheduler,
+        num_samples=plan.n_ray_trials, max_concurrent_trials=spec.budget.max_concurrent_trials,
         reuse_actors=True, time_budget_s=spec.budget.timeout_s)
     run_config = tune.RunConfig(
         name=spec.name, storage_path=str(results_dir.resolve()), verbose=0, stop=stopper,
@@ -170,17 +170,48 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         StorageError, ClusterError: storage or cluster unreachable.
     """
     record = StudyRecord(spec, open_storage(storage_url))
-    remaining = spec.budget.n_trials - record.counts().finished
     stopper = StopWhen(should_stop or (lambda: False))
-    if remaining > 0:
+    plan = plan_trials(record)
+    if plan.n_ray_trials > 0:
         init_ray(ray_address, num_cpus)
         check_resources(spec)
         notify = (lambda: on_change(record)) if on_change else None
         try:
-            build_tuner(spec, record, remaining, Path(results_dir), notify, stopper).fit()
+            build_tuner(spec, record, plan, Path(results_dir), notify, stopper).fit()
         finally:
             end_open_trials(record, "user" if stopper.stopped else spec.scheduler.name)
     return outcome(record, stopped=stopper.stopped)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The trials a run of the driver will start."""
+
+    resumes: list[Orphan]
+    n_new: int
+
+    @property
+    def n_ray_trials(self) -> int:
+        return len(self.resumes) + self.n_new
+
+
+def plan_trials(record: StudyRecord) -> Plan:
+    """Reconcile what a previous driver left RUNNING, then count the trials still to run.
+
+    An orphan with a checkpoint on disk is resumed from it (same Optuna trial,
+    its curve continued); one without is ended FAIL with the reason and its
+    parameters enqueued to run again. Together with the finished trials this
+    makes exactly ``budget.n_trials``: none lost, none run twice.
+    """
+    resumes = []
+    for orphan in record.orphans():
+        if orphan.checkpoint and Path(orphan.checkpoint).is_dir():
+            resumes.append(orphan)
+        else:
+            record.requeue(orphan, "the driver running this trial stopped before its first "
+                                   "checkpoint; its parameters were queued to run again")
+    n_new = record.spec.budget.n_trials - record.budget_used() - len(resumes)
+    return Plan(resumes=resumes, n_new=max(0, n_new))
 
 
 def end_open_trials(record: StudyRecord, stopped_by: str) -> None:

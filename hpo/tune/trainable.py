@@ -24,7 +24,7 @@ import torch
 from ray import tune
 
 import trainers
-from hpo.record import FINISHED_KEY
+from hpo.record import FINISHED_KEY, RESUME_KEY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +48,21 @@ class TrialSetup:
 
 
 class TuneReporter:
-    """Forwards every evaluation to ``tune.report`` with a checkpoint of that very step."""
+    """Forwards every evaluation to ``tune.report`` with a checkpoint of that very step.
+
+    Each result also names the Ray node it ran on (``node_id``): several nodes
+    of a cluster may share one IP address.
+    """
+
+    def __init__(self) -> None:
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id()
 
     def report(self, metrics, save_checkpoint):
         path = save_checkpoint()
         checkpoint = tune.Checkpoint.from_directory(str(path)) if path is not None else None
-        tune.report(dict(metrics), checkpoint=checkpoint)
+        tune.report({**metrics, "node_id": self.node_id}, checkpoint=checkpoint)
         return trainers.Decision.CONTINUE
 
 
@@ -70,11 +79,13 @@ def train_trial(params: dict[str, Any], setup: TrialSetup) -> None:
         return train_trial_distributed(params, setup)
     workdir = Path(tempfile.mkdtemp(prefix="hpo-trial-"))
     try:
+        params = dict(params)
+        adopted = params.pop(RESUME_KEY, None)
         task, config = _build(setup, params, workdir)
-        resume = None
-        checkpoint = tune.get_checkpoint()
-        if checkpoint is not None:  # a retry, a restored study, a PBT exploit
-            resume = checkpoint.to_directory(str(workdir / "resume"))
+        checkpoint = tune.get_checkpoint()  # a retry (max_failures) or a PBT exploit
+        if checkpoint is None and adopted:  # a trial a dead driver left running
+            checkpoint = tune.Checkpoint(adopted)
+        resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
         result = trainers.fit(task, config, TuneReporter(), resume_from=resume)
         tune.report({**result.metrics, FINISHED_KEY: 1, "stop_reason": result.stop_reason})
     finally:

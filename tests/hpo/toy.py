@@ -10,6 +10,7 @@ trial raise, report NaN, or slow down.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import torch
@@ -24,6 +25,9 @@ class HpoToyOptions(RegressionOptions):
     fail_at_update: int = option(0, "raise RuntimeError in this update (0: never)")
     nan_from_eval: int = option(0, "val_loss is NaN from this evaluation on (0: never)")
     sleep_ms: int = option(0, "sleep this long in every micro-batch")
+    die_at_update: int = option(0, "kill the trial's process in this update (0: never)")
+    die_signal: int = option(0, "0: os._exit(1); else the signal to send to itself (9 = SIGKILL)")
+    once_marker: str = option("", "file: dying/raising happens only while it does not exist")
 
 
 class HpoToyTask(RegressionTask):
@@ -39,10 +43,25 @@ class HpoToyTask(RegressionTask):
     def datasets(self, seed: int):
         return super().datasets(seed)
 
+    def _first_time(self) -> bool:
+        """True unless the once-marker exists; creates it (so a retry goes on)."""
+        marker = self.options.once_marker
+        if not marker:
+            return True
+        if os.path.exists(marker):
+            return False
+        open(marker, "w").close()
+        return True
+
     def loss_sum(self, model, batch) -> torch.Tensor:
         self.calls += 1
-        if self.options.fail_at_update and self.calls >= self.options.fail_at_update:
+        o = self.options
+        if o.fail_at_update and self.calls >= o.fail_at_update and self._first_time():
             raise RuntimeError(f"toy failure at update {self.calls}")
+        if o.die_at_update and self.calls == o.die_at_update and self._first_time():
+            if o.die_signal:
+                os.kill(os.getpid(), o.die_signal)
+            os._exit(1)
         if self.options.sleep_ms:
             time.sleep(self.options.sleep_ms / 1000)
         return super().loss_sum(model, batch)
