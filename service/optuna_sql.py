@@ -27,7 +27,7 @@ trial_user_attributes = sa.Table(
     "trial_user_attributes", _meta, sa.Column("trial_id", sa.Integer),
     sa.Column("key", sa.String), sa.Column("value_json", sa.Text))
 
-STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
+REQUEUED_ATTR = "requeued"  # hpo.record: a FAIL trial of a lost driver, run again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +39,18 @@ class TrialCounts:
     failed: int = 0
     running: int = 0
     waiting: int = 0
+    requeued: int = 0
 
     @property
     def finished(self) -> int:
+        """Trials COMPLETE, PRUNED or FAIL (requeued ones included)."""
         return self.complete + self.pruned + self.failed
+
+    @property
+    def budget_used(self) -> int:
+        """Finished trials that count against ``budget.n_trials``: not the FAIL trials a
+        lost driver left and ``run_study`` requeued (user attribute ``requeued``)."""
+        return self.finished - self.requeued
 
     @property
     def total(self) -> int:
@@ -61,9 +69,18 @@ def trial_counts(conn: sa.Connection, names: Iterable[str]) -> dict[str, TrialCo
     raw: dict[str, dict[str, int]] = {name: {} for name in names}
     for name, state, n in conn.execute(query):
         raw[name][str(state).rsplit(".", 1)[-1]] = int(n)
+    requeued = (sa.select(studies.c.study_name, sa.func.count())
+                .select_from(studies.join(trials, trials.c.study_id == studies.c.study_id)
+                             .join(trial_user_attributes,
+                                   trial_user_attributes.c.trial_id == trials.c.trial_id))
+                .where(studies.c.study_name.in_(names),
+                       trial_user_attributes.c.key == REQUEUED_ATTR)
+                .group_by(studies.c.study_name))
+    for name, n in conn.execute(requeued):
+        raw[name]["requeued"] = int(n)
     return {name: TrialCounts(complete=c.get("COMPLETE", 0), pruned=c.get("PRUNED", 0),
                               failed=c.get("FAIL", 0), running=c.get("RUNNING", 0),
-                              waiting=c.get("WAITING", 0))
+                              waiting=c.get("WAITING", 0), requeued=c.get("requeued", 0))
             for name, c in raw.items()}
 
 

@@ -50,13 +50,14 @@ class Page(_Out, Generic[T]):
 class Counts(_Out):
     complete: int
     pruned: int
-    failed: int
+    failed: int = Field(description="FAIL trials, requeued ones included")
     running: int
     waiting: int
+    requeued: int = Field(description="FAIL trials of a lost driver, run again (not budget)")
 
 
 class Progress(_Out):
-    finished: int = Field(description="trials COMPLETE, PRUNED or FAIL")
+    finished: int = Field(description="trials COMPLETE, PRUNED or FAIL, less requeued ones")
     n_trials: int = Field(description="the study's budget of finished trials")
     fraction: float = Field(description="finished / n_trials, in [0, 1]")
 
@@ -106,9 +107,9 @@ class StudySummary(_Out):
             name=row.name, status=row.status, owner=v.owner, task=row.spec.get("task", ""),
             n_trials=row.n_trials,
             counts=Counts(complete=c.complete, pruned=c.pruned, failed=c.failed,
-                          running=c.running, waiting=c.waiting),
-            progress=Progress(finished=c.finished, n_trials=row.n_trials,
-                              fraction=min(1.0, c.finished / row.n_trials)),
+                          running=c.running, waiting=c.waiting, requeued=c.requeued),
+            progress=Progress(finished=c.budget_used, n_trials=row.n_trials,
+                              fraction=min(1.0, c.budget_used / row.n_trials)),
             stop_requested=row.stop_requested, created_at=row.created_at,
             started_at=row.started_at, ended_at=row.ended_at, error=row.error)
 

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import signal
 import subprocess
 import sys
 
@@ -67,6 +68,11 @@ def serve(settings: Settings) -> None:
     try:
         config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                                 log_level="info", timeout_graceful_shutdown=10)
+        # uvicorn handles SIGINT/SIGTERM while it runs, then raises the signal again
+        # against the handlers it found: these no-ops let the clean-up below run and
+        # the process exit 0 after a clean shutdown.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
         uvicorn.Server(config).run()
     finally:
         if local_ray is not None:

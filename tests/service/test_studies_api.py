@@ -156,7 +156,7 @@ def test_study_view_has_counts_best_trial_progress_and_device_seconds(client, to
     _with_trials(app, "v", [0.9, 0.95, None])
     body = client.get("/v1/studies/v", headers=bearer(tokens["alice"])).json()
     assert body["counts"] == {"complete": 2, "pruned": 1, "failed": 0, "running": 0,
-                              "waiting": 0}
+                              "waiting": 0, "requeued": 0}
     assert body["progress"] == {"finished": 3, "n_trials": 4, "fraction": 0.75}
     assert body["best_trial"]["number"] == 1 and body["best_trial"]["value"] == 0.95
     assert body["device_seconds"] == 7.5

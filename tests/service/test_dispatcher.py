@@ -1,0 +1,205 @@
+"""The dispatcher without Ray: claims, limits, take-overs, reaping, recovery, worker claims."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import threading
+
+import optuna
+import pytest
+import sqlalchemy as sa
+
+from service.app import create_app
+from service.auth import create_token
+from service.db import Status, StudyRow, utcnow
+from service.dispatcher import Dispatcher, Driver
+from service.settings import Settings
+from tests.service.conftest import REPO, TestClient, bearer, tiny_spec
+
+
+class RecordingDispatcher(Dispatcher):
+    """Starts a sleeping process instead of a study driver, and records what it started."""
+
+    started: list[str]
+
+    def _spawn(self, name: str, claim: str) -> None:
+        self.started = getattr(self, "started", []) + [name]
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        self.drivers[name] = Driver(name, claim, proc, self.settings.results_dir / "none.log")
+        with self.sessions.begin() as session:
+            session.execute(sa.update(StudyRow).where(StudyRow.name == name).values(
+                worker_pid=proc.pid))
+
+    def kill_all(self) -> None:
+        for driver in self.drivers.values():
+            driver.proc.kill()
+            driver.proc.wait()
+
+
+@pytest.fixture
+def world(db_url, tmp_path):
+    """An app on ``db_url`` (SQLite and PostgreSQL) with a token and a dispatcher factory."""
+    settings = Settings(database_url=db_url, results_dir=tmp_path / "results",
+                        run_dispatcher=False, max_running_studies=2)
+    app = create_app(settings)
+    c = app.state.components
+    token = create_token(c.sessions, "alice")
+    made: list[RecordingDispatcher] = []
+
+    def dispatcher(**changes) -> RecordingDispatcher:
+        d = RecordingDispatcher(Settings(**{**settings.__dict__, **changes}), c.sessions,
+                                c.studies)
+        made.append(d)
+        return d
+
+    with TestClient(app) as client:
+        def submit(*names: str) -> None:
+            for name in names:
+                assert client.post("/v1/studies", json=tiny_spec(name),
+                                   headers=bearer(token)).status_code == 201
+        yield app, submit, dispatcher
+    for d in made:
+        d.kill_all()
+
+
+def _rows(app) -> dict[str, StudyRow]:
+    with app.state.components.sessions() as session:
+        return {r.name: r for r in session.execute(sa.select(StudyRow)).scalars()}
+
+
+def test_claims_oldest_queued_first_up_to_the_running_limit(world):
+    app, submit, dispatcher = world
+    submit("s1", "s2", "s3")
+    d = dispatcher()
+    d.run_once()
+    assert d.started == ["s1", "s2"]
+    rows = _rows(app)
+    assert [rows[n].status for n in ("s1", "s2", "s3")] == ["RUNNING", "RUNNING", "QUEUED"]
+    assert rows["s1"].claimed_by.startswith(d.id) and rows["s1"].attempts == 1
+    assert rows["s1"].worker_pid == d.drivers["s1"].proc.pid
+    d.run_once()
+    assert d.started == ["s1", "s2"]
+
+
+def test_two_dispatchers_racing_never_claim_one_study_twice(world):
+    app, submit, dispatcher = world
+    names = [f"r{i}" for i in range(8)]
+    submit(*names)
+    ds = [dispatcher(max_running_studies=8) for _ in range(4)]
+    barrier = threading.Barrier(len(ds))
+
+    def claim_all(d):
+        barrier.wait()
+        while d.claim_queued():
+            pass
+
+    threads = [threading.Thread(target=claim_all, args=(d,)) for d in ds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    started = [name for d in ds for name in getattr(d, "started", [])]
+    assert sorted(started) == names  # each once
+    assert {r.status for r in _rows(app).values()} == {"RUNNING"}
+
+
+def _set(app, name: str, **values) -> None:
+    with app.state.components.sessions.begin() as session:
+        session.execute(sa.update(StudyRow).where(StudyRow.name == name).values(**values))
+
+
+def test_takes_over_a_running_study_whose_heartbeat_is_stale(world):
+    app, submit, dispatcher = world
+    submit("stale", "fresh")
+    old = utcnow() - dt.timedelta(seconds=120)
+    _set(app, "stale", status=Status.RUNNING, claimed_by="otherhost:1:x:y", heartbeat_at=old,
+         attempts=1)
+    _set(app, "fresh", status=Status.RUNNING, claimed_by="otherhost:1:x:z",
+         heartbeat_at=utcnow(), attempts=1)
+    d = dispatcher()
+    d.run_once()
+    assert d.started == ["stale"]
+    rows = _rows(app)
+    assert rows["stale"].claimed_by.startswith(d.id) and rows["stale"].attempts == 2
+    assert rows["fresh"].claimed_by == "otherhost:1:x:z"
+
+
+def test_takes_over_at_once_a_study_whose_driver_process_on_this_host_is_gone(world):
+    app, submit, dispatcher = world
+    submit("orphan", "alive")
+    d = dispatcher()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    living = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name, pid in (("orphan", dead.pid), ("alive", living.pid)):
+            _set(app, name, status=Status.RUNNING, heartbeat_at=utcnow(), worker_pid=pid,
+                 claimed_by=f"{d.host}:1:dead:beef")
+        d.run_once()
+        assert d.started == ["orphan"]
+    finally:
+        living.kill()
+        living.wait()
+
+
+def test_a_driver_that_dies_without_ending_its_study_fails_it_with_its_log(world):
+    app, submit, dispatcher = world
+    submit("crash")
+    d = dispatcher()
+    d.run_once()
+    log_path = d.settings.results_dir / "crash.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("line one\nTraceback: boom\n")
+    driver = d.drivers["crash"]
+    driver.log_path = log_path
+    driver.proc.kill()
+    driver.proc.wait()
+    d.reap()
+    row = _rows(app)["crash"]
+    assert row.status == "FAILED" and "signal SIGKILL" in row.error and "boom" in row.error
+    assert "crash" not in d.drivers
+
+
+def test_a_driver_that_ended_its_study_is_reaped_without_changing_it(world):
+    app, submit, dispatcher = world
+    submit("done")
+    d = dispatcher()
+    d.run_once()
+    _set(app, "done", status=Status.COMPLETED)
+    d.drivers["done"].proc.kill()
+    d.drivers["done"].proc.wait()
+    d.reap()
+    assert _rows(app)["done"].status == "COMPLETED" and d.drivers == {}
+
+
+def test_start_up_finishes_interrupted_deletes_and_undoes_old_creates(world):
+    app, submit, dispatcher = world
+    submit("deleting", "creating", "young")
+    _set(app, "deleting", status=Status.DELETING)
+    _set(app, "creating", status=Status.CREATING,
+         created_at=utcnow() - dt.timedelta(seconds=600))
+    _set(app, "young", status=Status.CREATING)  # another server may be creating it now
+    dispatcher().recover_interrupted_writes()
+    assert sorted(_rows(app)) == ["young"]
+    storage = app.state.components.studies.storage
+    assert [s.study_name for s in storage.get_all_studies()] == ["young"]
+
+
+def test_a_worker_without_its_claim_exits_75_and_leaves_the_study_alone(world, tmp_path):
+    app, submit, dispatcher = world
+    submit("claimed")
+    _set(app, "claimed", status=Status.RUNNING, claimed_by="someone:1:else:x",
+         heartbeat_at=utcnow())
+    settings = app.state.components.settings
+    env = {**os.environ, **settings.worker_env(), "HPO_PARENT_PID": str(os.getpid())}
+    proc = subprocess.run([sys.executable, "-m", "service.worker", "claimed", "mine:1:2:3"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 75, proc.stderr[-2000:]
+    assert "claim mine:1:2:3 lost" in proc.stderr
+    row = _rows(app)["claimed"]
+    assert row.status == "RUNNING" and row.claimed_by == "someone:1:else:x"
+    assert optuna.load_study(study_name="claimed",
+                             storage=app.state.components.studies.storage).trials == []

@@ -1,0 +1,204 @@
+"""End to end: a real ``python -m service.server`` process on a real Ray (and PostgreSQL when
+it answers), driven over HTTP and by the ``hpo`` client commands; the Optuna record checked."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import optuna
+import pytest
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+from hpo.cli import app as hpo_app
+from hpo.storage import open_storage
+from service.auth import create_token
+from service.db import build_engine, create_tables, session_factory
+from tests.service.conftest import bearer, tiny_spec, wait_for
+
+
+def _admin_token(database_url: str) -> str:
+    engine = build_engine(database_url)
+    create_tables(engine)
+    token = create_token(session_factory(engine), "e2e-admin", admin=True)
+    engine.dispose()
+    return token
+
+
+def _study(server, token: str, name: str) -> dict:
+    r = httpx.get(f"{server.url}/v1/studies/{name}", headers=bearer(token), timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _ended(server, token: str, name: str):
+    study = _study(server, token, name)
+    return study if study["status"] in ("COMPLETED", "STOPPED", "FAILED") else None
+
+
+def test_a_study_submitted_over_http_runs_on_ray_into_the_optuna_record(
+        server_process, pg_url, tmp_path):
+    server = server_process(pg_url)
+    token = _admin_token(pg_url)
+    server.start()
+    r = httpx.post(f"{server.url}/v1/studies", json=tiny_spec("e2e", n_trials=3),
+                   headers=bearer(token), timeout=60)
+    assert r.status_code == 201, r.text
+    study = wait_for(lambda: _ended(server, token, "e2e"), what="study e2e to end")
+    assert study["status"] == "COMPLETED", study["error"]
+    assert study["counts"]["complete"] + study["counts"]["pruned"] == 3
+    assert study["progress"]["fraction"] == 1.0 and study["device_seconds"] > 0
+    assert 0.0 < study["best_trial"]["value"] <= 1.0
+    record = optuna.load_study(study_name="e2e", storage=open_storage(pg_url))
+    assert len(record.trials) == 3
+    for trial in record.trials:
+        assert trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        assert trial.intermediate_values and trial.user_attrs["ray_trial_id"]
+        assert trial.user_attrs["device_seconds"] > 0
+    assert record.best_trial.number == study["best_trial"]["number"]
+    trials = httpx.get(f"{server.url}/v1/studies/e2e/trials?intermediate=true",
+                       headers=bearer(token)).json()
+    assert [t["number"] for t in trials["items"]] == [0, 1, 2]
+    assert all(t["intermediate_values"] for t in trials["items"])
+    assert server.stop() == 0  # SIGTERM: a clean shutdown
+    assert "Application shutdown complete" in server.log()
+
+
+def test_the_client_commands_submit_wait_status_trials_best(server_process, sqlite_url,
+                                                            tmp_path):
+    server = server_process(sqlite_url)
+    token = _admin_token(sqlite_url)
+    server.start()
+    spec_path = tmp_path / "cli.yaml"
+    import yaml
+
+    spec_path.write_text(yaml.safe_dump(tiny_spec("cli", n_trials=2)))
+    runner = CliRunner()
+    env = {"HPO_URL": server.url, "HPO_TOKEN": token}
+    result = runner.invoke(hpo_app, ["submit", str(spec_path), "--wait"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "best trial #" in result.stdout and "val_accuracy =" in result.stdout
+    status = runner.invoke(hpo_app, ["status", "cli"], env=env)
+    assert status.exit_code == 0 and "COMPLETED" in status.stdout and "2/2" in status.stdout
+    trials = runner.invoke(hpo_app, ["trials", "cli"], env=env)
+    assert trials.exit_code == 0 and "trials 0-2 of 2" in trials.output
+    best = runner.invoke(hpo_app, ["best", "cli"], env=env)
+    assert best.exit_code == 0 and "lr =" in best.stdout
+    stop = runner.invoke(hpo_app, ["stop", "cli"], env=env)
+    assert stop.exit_code == 1 and "already ended" in stop.output
+    again = runner.invoke(hpo_app, ["submit", str(spec_path)], env=env)
+    assert again.exit_code == 1 and "409 conflict" in again.output
+    spec_path.write_text(yaml.safe_dump(tiny_spec("bad", budget={"n_trials": 0})))
+    bad = runner.invoke(hpo_app, ["submit", str(spec_path)], env=env)
+    assert bad.exit_code == 2 and "budget.n_trials" in bad.output
+    denied = runner.invoke(hpo_app, ["status", "cli"], env={**env, "HPO_TOKEN": "hpo_x"})
+    assert denied.exit_code == 1 and "401" in denied.output
+
+
+def _long_spec(name: str, n_trials: int) -> dict:
+    return tiny_spec(name, n_trials=n_trials, config={"max_epochs": 40, "micro_batch_size": 64,
+                                                      "width": 16})
+
+
+def test_stop_ends_running_trials_within_seconds_as_stopped_by_the_user(server_process,
+                                                                         sqlite_url):
+    server = server_process(sqlite_url)
+    token = _admin_token(sqlite_url)
+    server.start()
+    httpx.post(f"{server.url}/v1/studies", json=_long_spec("stopme", 20), headers=bearer(token))
+    wait_for(lambda: _study(server, token, "stopme")["counts"]["running"] > 0,
+             what="a running trial")
+    r = httpx.post(f"{server.url}/v1/studies/stopme/stop", headers=bearer(token))
+    assert r.status_code == 202 and r.json()["stop_requested"]
+    study = wait_for(lambda: _ended(server, token, "stopme"), what="the stop")
+    assert study["status"] == "STOPPED" and study["counts"]["running"] == 0
+    record = optuna.load_study(study_name="stopme", storage=open_storage(sqlite_url))
+    stopped = [t for t in record.trials if t.user_attrs.get("stopped_by") == "user"]
+    assert stopped and all(t.state == TrialState.PRUNED for t in stopped)
+    assert len(record.trials) < 20
+
+
+def test_dashboard_pages_and_api_answer_while_a_study_runs_on_sqlite(server_process,
+                                                                     sqlite_url, tmp_path):
+    server = server_process(sqlite_url)
+    token = _admin_token(sqlite_url)
+    server.start()
+    httpx.post(f"{server.url}/v1/studies", json=tiny_spec("busy", n_trials=6),
+               headers=bearer(token))
+    h = bearer(token)
+    wait_for(lambda: _study(server, token, "busy")["status"] == "RUNNING", what="RUNNING")
+    sid = open_storage(sqlite_url).get_study_id_from_name("busy")
+    answered = 0
+    with httpx.Client(base_url=server.url, headers=h, timeout=60) as http:
+        while _study(server, token, "busy")["status"] == "RUNNING":
+            for path in ("/dashboard", f"/dashboard/studies/{sid}", "/api/studies",
+                         f"/api/studies/{sid}", f"/api/studies/{sid}/param_importances",
+                         "/v1/studies/busy", "/v1/studies/busy/trials?intermediate=true"):
+                r = http.get(path)
+                assert r.status_code == 200, (path, r.status_code, r.text[:300])
+                answered += 1
+    assert answered >= 7
+    assert _study(server, token, "busy")["status"] == "COMPLETED"
+    logs = server.log() + "".join(p.read_text(errors="replace")
+                                  for p in (tmp_path / "results").rglob("service-driver.log"))
+    assert "database is locked" not in logs
+
+
+def test_sigkill_of_the_server_mid_study_then_restart_completes_it_exactly(server_process,
+                                                                            sqlite_url):
+    server = server_process(sqlite_url)
+    token = _admin_token(sqlite_url)
+    server.start()
+    n_trials = 6
+    spec = tiny_spec("survivor", n_trials=n_trials,
+                     config={"max_epochs": 6, "micro_batch_size": 64, "width": 16})
+    httpx.post(f"{server.url}/v1/studies", json=spec, headers=bearer(token))
+    wait_for(lambda: _study(server, token, "survivor")["counts"]["running"] > 0,
+             what="a running trial")
+    driver_pid = wait_for(lambda: _driver_pid(sqlite_url, "survivor"), what="driver pid")
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    wait_for(lambda: not _alive(driver_pid), timeout_s=30, what="the driver to die with it")
+    server.start()
+    study = wait_for(lambda: _ended(server, token, "survivor"), what="the resumed study")
+    assert study["status"] == "COMPLETED", study["error"]
+    assert study["attempts"] == 2
+    assert study["progress"]["finished"] == n_trials and study["counts"]["running"] == 0
+    record = optuna.load_study(study_name="survivor", storage=open_storage(sqlite_url))
+    assert not [t for t in record.trials if t.state == TrialState.RUNNING]
+    # the killed driver's trials were resumed, or ended FAIL and run again ("requeued")
+    counted = [t for t in record.trials if t.state.is_finished() and
+               not t.user_attrs.get("requeued")]
+    assert len(counted) == n_trials
+    requeued = [t for t in record.trials if t.user_attrs.get("requeued")]
+    rerun = {t.user_attrs.get("requeued_from") for t in record.trials} - {None}
+    assert {t.number for t in requeued} == rerun
+    assert study["counts"]["requeued"] == len(requeued)
+
+
+def _driver_pid(database_url: str, name: str) -> int | None:
+    import sqlalchemy as sa
+
+    from service.db import StudyRow
+
+    engine = build_engine(database_url)
+    with engine.connect() as conn:
+        pid = conn.execute(sa.select(StudyRow.worker_pid).where(StudyRow.name == name)).scalar()
+    engine.dispose()
+    return pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def pg_url_or_skip(pg_url):
+    return pg_url
