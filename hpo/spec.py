@@ -352,6 +352,22 @@ class Resources(_Model):
         return v
 
 
+class WarmStartStudy(_Model):
+    """Try first the ``top_k`` best COMPLETE trials of an earlier study in the same storage."""
+
+    study: str = Field(..., pattern=NAME_PATTERN)
+    top_k: int = Field(5, ge=1, le=1000)
+
+
+class WarmStartPoint(_Model):
+    """Try first this point (parameters absent from it are sampled)."""
+
+    params: dict[str, Choice]
+
+
+WarmStart = WarmStartStudy | WarmStartPoint
+
+
 class StudySpec(_Model):
     """A study: a task, a search space, an objective, a sampler, a scheduler and a budget."""
 
@@ -366,6 +382,7 @@ class StudySpec(_Model):
     budget: Budget
     resources: Resources = Field(default_factory=Resources)
     max_failures: int = Field(0, ge=0, le=100)
+    warm_start: list[WarmStart] = Field(default_factory=list, max_length=1000)
 
     @property
     def objectives(self) -> list[Objective]:

@@ -11,7 +11,14 @@ from typing import Any
 
 import trainers
 from hpo.errors import SpecError
-from hpo.spec import CategoricalParam, FloatParam, IntParam, Objective, StudySpec
+from hpo.spec import (
+    CategoricalParam,
+    FloatParam,
+    IntParam,
+    Objective,
+    StudySpec,
+    WarmStartStudy,
+)
 
 # Set per trial by the service; a spec may not fix or search them.
 MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
@@ -39,6 +46,7 @@ def check_against_task(spec: StudySpec) -> StudySpec:
     objectives, objective_errors = _check_objectives(spec, task_cls)
     errors += objective_errors
     errors += _check_sampler_and_scheduler(spec)
+    errors += _check_warm_start(spec)
     if errors:
         raise SpecError(errors)
     objective: Any = objectives if isinstance(spec.objective, list) else objectives[0]
@@ -152,4 +160,36 @@ def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
             errors.append({"loc": "search_space", "msg": "the grid sampler needs parameters"})
     if scheduler == "pbt" and not spec.search_space:
         errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
+    return errors
+
+
+def in_distribution(param, value: Any) -> bool:
+    """Whether ``value`` is a point of the search-space parameter ``param``."""
+    if isinstance(param, CategoricalParam):
+        return any(type(c) is type(value) and c == value for c in param.choices)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(param, IntParam) and not float(value).is_integer():
+        return False
+    if not param.low <= value <= param.high:
+        return False
+    if param.step is not None and not (isinstance(param, IntParam) and param.step == 1):
+        n = (value - param.low) / param.step
+        return abs(n - round(n)) < 1e-8
+    return True
+
+
+def _check_warm_start(spec: StudySpec) -> list[dict]:
+    errors = []
+    for i, entry in enumerate(spec.warm_start):
+        if isinstance(entry, WarmStartStudy):
+            if spec.scheduler.name == "pbt":
+                errors.append({"loc": f"warm_start.{i}", "msg": "PBT samples its own population"})
+            continue
+        for name, value in entry.params.items():
+            loc = f"warm_start.{i}.params.{name}"
+            if name not in spec.search_space:
+                errors.append({"loc": loc, "msg": "not a parameter of the search space"})
+            elif not in_distribution(spec.search_space[name], value):
+                errors.append({"loc": loc, "msg": f"{value!r} is outside the search space"})
     return errors

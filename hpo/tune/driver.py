@@ -24,6 +24,7 @@ from hpo.tune.callback import RecordCallback
 from hpo.tune.schedulers import build_scheduler
 from hpo.tune.searcher import StudySearcher
 from hpo.tune.trainable import TrialSetup, train_trial
+from hpo.warmstart import enqueue_warm_start
 
 DEFAULT_RESULTS_DIR = "hpo-runs"
 
@@ -171,6 +172,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     """
     record = StudyRecord(spec, open_storage(storage_url))
     stopper = StopWhen(should_stop or (lambda: False))
+    enqueue_warm_start(record)
     plan = plan_trials(record)
     if plan.n_ray_trials > 0:
         init_ray(ray_address, num_cpus)

@@ -1,0 +1,70 @@
+"""Warm start: points to evaluate first, given in the spec or taken from earlier studies.
+
+The points are enqueued in the new study (Optuna's ``enqueue_trial``) before
+its first trial is asked, each with a ``warm_start`` user attribute naming its
+source (``points[2]`` or ``study:NAME#17``); the study keeps the list of its
+sources in its ``warm_start`` user attribute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from hpo.errors import SpecError
+from hpo.record import SPEC_ATTR, StudyRecord
+from hpo.spec import StudySpec, WarmStartStudy
+from hpo.validation import in_distribution
+
+
+def warm_start_points(spec: StudySpec, storage: optuna.storages.BaseStorage
+                      ) -> list[tuple[dict[str, Any], str]]:
+    """The ``(params, source)`` pairs to enqueue, in spec order.
+
+    Parameters of an earlier study that the new search space lacks, or whose
+    values fall outside it, are dropped (the sampler fills them in).
+
+    Raises:
+        SpecError: a named study is missing, is a PBT study (its trials changed
+            their hyperparameters while training), or has several objectives.
+    """
+    points = []
+    for i, entry in enumerate(spec.warm_start):
+        if not isinstance(entry, WarmStartStudy):
+            points.append((dict(entry.params), f"points[{i}]"))
+            continue
+        source = _source_study(entry.study, storage, f"warm_start.{i}.study")
+        complete = source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        best_first = sorted(complete, key=lambda t: t.value,
+                            reverse=source.direction == optuna.study.StudyDirection.MAXIMIZE)
+        for t in best_first[:entry.top_k]:
+            params = {k: v for k, v in t.params.items()
+                      if k in spec.search_space and in_distribution(spec.search_space[k], v)}
+            points.append((params, f"study:{entry.study}#{t.number}"))
+    return points
+
+
+def _source_study(name: str, storage, loc: str) -> optuna.Study:
+    if name not in {s.study_name for s in storage.get_all_studies()}:
+        raise SpecError.at(loc, f"no study named {name!r} in this storage")
+    study = optuna.load_study(study_name=name, storage=storage)
+    if len(study.directions) > 1:
+        raise SpecError.at(loc, f"study {name!r} has several objectives; its top trials are "
+                                "not defined")
+    if study.user_attrs.get(SPEC_ATTR, {}).get("scheduler", {}).get("name") == "pbt":
+        raise SpecError.at(loc, f"study {name!r} is a PBT study: its trials changed their "
+                                "hyperparameters while training")
+    return study
+
+
+def enqueue_warm_start(record: StudyRecord) -> int:
+    """Enqueue the spec's warm-start points in a study that has no trial yet; return how many."""
+    if not record.spec.warm_start or record.study.get_trials(deepcopy=False):
+        return 0
+    points = warm_start_points(record.spec, record.storage)
+    for params, source in points:
+        record.study.enqueue_trial(params, user_attrs={"warm_start": source})
+    record.study.set_user_attr("warm_start", [source for _, source in points])
+    return len(points)

@@ -1,0 +1,60 @@
+"""Warm start: explicit points and the best trials of earlier studies are evaluated first."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from hpo.errors import SpecError
+from hpo.spec import parse_spec
+from hpo.tune.driver import run_study
+from tests.hpo.test_driver import toy_spec
+
+
+def _trials(name: str, url: str):
+    return sorted(optuna.load_study(study_name=name, storage=url).trials, key=lambda t: t.number)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_points_and_earlier_studies_are_tried_first(sqlite_url, tmp_path):
+    run_study(toy_spec("earlier", budget={"n_trials": 4}), sqlite_url, results_dir=tmp_path)
+    earlier = _trials("earlier", sqlite_url)
+    best_two = sorted(earlier, key=lambda t: t.value)[:2]
+
+    spec = toy_spec("warm", budget={"n_trials": 5, "max_concurrent_trials": 1}, warm_start=[
+        {"params": {"quality": 0.25}}, {"study": "earlier", "top_k": 2}])
+    run_study(spec, sqlite_url, results_dir=tmp_path)
+    trials = _trials("warm", sqlite_url)
+    assert len(trials) == 5
+    assert trials[0].params == {"quality": 0.25}
+    assert trials[0].user_attrs["warm_start"] == "points[0]"
+    for t, source in zip(trials[1:3], best_two, strict=True):
+        assert t.params == source.params
+        assert t.user_attrs["warm_start"] == f"study:earlier#{source.number}"
+    assert "warm_start" not in trials[3].user_attrs  # then the sampler takes over
+    study = optuna.load_study(study_name="warm", storage=sqlite_url)
+    assert study.user_attrs["warm_start"] == [
+        "points[0]", *(f"study:earlier#{t.number}" for t in best_two)]
+
+
+def test_points_outside_the_search_space_are_refused_naming_the_field():
+    base = toy_spec("x").to_dict()
+    for point, loc in [({"quality": 11.0}, "warm_start.0.params.quality"),
+                       ({"qualty": 1.0}, "warm_start.0.params.qualty"),
+                       ({"quality": "high"}, "warm_start.0.params.quality")]:
+        with pytest.raises(SpecError) as info:
+            parse_spec({**base, "warm_start": [{"params": point}]})
+        assert loc in [e["loc"] for e in info.value.errors]
+
+
+def test_missing_or_pbt_source_study_is_refused(sqlite_url, tmp_path):
+    spec = toy_spec("from-missing", warm_start=[{"study": "nope"}])
+    with pytest.raises(SpecError) as info:
+        run_study(spec, sqlite_url, results_dir=tmp_path)
+    assert info.value.errors[0]["loc"] == "warm_start.0.study"
+    pbt = toy_spec("a-pbt-study", scheduler={"name": "pbt", "perturbation_interval": 3})
+    optuna.create_study(study_name="a-pbt-study", storage=sqlite_url).set_user_attr(
+        "hpo_spec", pbt.to_dict())
+    with pytest.raises(SpecError, match="PBT study"):
+        run_study(toy_spec("from-pbt", warm_start=[{"study": "a-pbt-study"}]), sqlite_url,
+                  results_dir=tmp_path)
