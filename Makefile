@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The service end to end: hpo serve (SQLite + local Ray), the digits TPE+ASHA study
+# submitted over REST, its progress, the best trial, the dashboard address, a clean stop.
 demo: install
-	$(BIN)/python -m trainers digits --checkpoint-dir runs/demo-digits
+	BIN=$(BIN) bash examples/serve-demo.sh examples/digits-tpe-asha.yaml
 
 lint: install
 	$(BIN)/lint-imports

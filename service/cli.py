@@ -101,7 +101,8 @@ def submit(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", exists=True
     try:
         study = client.submit(spec_path)
         err.print(f"study {study['name']} {study['status']} ({study['n_trials']} trials); "
-                  f"dashboard: {url.rstrip('/')}{study['dashboard_url'] or '/dashboard'}")
+                  f"dashboard: {url.rstrip('/')}{study['dashboard_url'] or '/dashboard'}",
+                  soft_wrap=True, highlight=False)
         if not wait:
             return
         from service.progress import follow

@@ -23,6 +23,8 @@ def follow(client: Client, name: str, console: Console, poll_s: float = 1.0) -> 
     Raises:
         service.client.ApiError: the service answered an error.
     """
+    if not console.is_terminal:
+        return _follow_plain(client, name, console, poll_s)
     columns = (TextColumn("[bold]{task.fields[name]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -33,3 +35,18 @@ def follow(client: Client, name: str, console: Console, poll_s: float = 1.0) -> 
                        detail=describe(study))
 
         return client.wait(name, update, poll_s)
+
+
+def _follow_plain(client: Client, name: str, console: Console, poll_s: float) -> dict:
+    """One line per change, for logs and pipes (a progress bar needs a terminal)."""
+    last = None
+
+    def update(study: dict) -> None:
+        nonlocal last
+        line = f"{name}: {study['progress']['finished']}/{study['n_trials']} finished  " \
+               f"{describe(study)}"
+        if line != last:
+            console.print(line, highlight=False, soft_wrap=True)
+            last = line
+
+    return client.wait(name, update, poll_s)

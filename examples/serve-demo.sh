@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The main job, as `make demo` runs it: start `hpo serve` (SQLite + a local Ray), submit a
+# study over REST, follow its progress, print the best trial and the dashboard address,
+# then shut the server down cleanly.
+#
+#   examples/serve-demo.sh [SPEC]        (default: examples/digits-tpe-asha.yaml)
+#
+# Environment: BIN (the venv's bin, default .venv/bin), DEMO_DIR (default runs/demo, wiped
+# first), DEMO_PORT (default 8765), DEMO_MIN_ACCURACY (default 0.97), DEMO_KEEP=1 to keep
+# serving the dashboard after the study until Ctrl-C.
+set -euo pipefail
+
+BIN=${BIN:-.venv/bin}
+DIR=${DEMO_DIR:-runs/demo}
+PORT=${DEMO_PORT:-8765}
+SPEC=${1:-examples/digits-tpe-asha.yaml}
+MIN_ACCURACY=${DEMO_MIN_ACCURACY:-0.97}
+
+rm -rf "$DIR"
+mkdir -p "$DIR"
+export HPO_DATABASE_URL="sqlite:///$DIR/hpo.db" HPO_RESULTS_DIR="$DIR/results"
+export HPO_PORT="$PORT" HPO_URL="http://127.0.0.1:$PORT"
+HPO_TOKEN="$("$BIN/hpo" token create demo --admin 2>/dev/null)"
+export HPO_TOKEN
+
+ready() {
+    "$BIN/python" -c 'import sys, httpx
+sys.exit(httpx.get(sys.argv[1] + "/readyz", timeout=2).status_code != 200)' "$HPO_URL" 2>/dev/null
+}
+if "$BIN/python" -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' \
+        "$PORT" 2>/dev/null; then
+    echo "port $PORT is taken (another server?); set DEMO_PORT" >&2
+    exit 1
+fi
+
+echo "== starting hpo serve on $HPO_URL (log: $DIR/serve.log)"
+"$BIN/hpo" serve >"$DIR/serve.log" 2>&1 &
+SERVER=$!
+stop_server() {
+    if kill -0 "$SERVER" 2>/dev/null; then
+        echo "== stopping the server"
+        kill -TERM "$SERVER"
+        wait "$SERVER" && echo "== server stopped cleanly" || echo "== server exited with $?"
+    fi
+}
+trap stop_server EXIT
+for _ in $(seq 1 300); do
+    ready && break
+    if ! kill -0 "$SERVER" 2>/dev/null; then
+        echo "hpo serve exited early:" >&2
+        tail -n 30 "$DIR/serve.log" >&2
+        exit 1
+    fi
+    sleep 0.5
+done
+ready || { echo "hpo serve is not ready after 150 s" >&2; exit 1; }
+
+NAME=$("$BIN/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' \
+       "$SPEC")
+echo "== submitting $SPEC over REST (POST /v1/studies)"
+"$BIN/hpo" submit "$SPEC" --wait
+"$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" <<'PY'
+import sys
+
+import httpx
+
+url, token, name, minimum = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+study = httpx.get(f"{url}/v1/studies/{name}", headers={"Authorization": f"Bearer {token}"}).json()
+best = study["best_trial"]["value"]
+print(f"== best val_accuracy {best:.4f} (goal >= {minimum}); "
+      f"{study['device_seconds']:.0f} CPU-seconds used")
+print(f"== dashboard: {url}{study['dashboard_url']}?token={token}")
+sys.exit(0 if best >= minimum else 1)
+PY
+
+if [ "${DEMO_KEEP:-0}" = "1" ]; then
+    echo "== serving until Ctrl-C"
+    wait "$SERVER" || true
+fi
