@@ -172,6 +172,29 @@ class StudyRecord:
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
         self.study.enqueue_trial(orphan.params, user_attrs={"requeued_from": orphan.number})
 
+    def abandon(self, orphan: Orphan, reason: str) -> None:
+        """End an orphan FAIL with ``reason``, without running it again (PBT populations)."""
+        self.storage.set_trial_user_attr(orphan.trial_id, "fail_reason", reason)
+        self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
+
+    def exploited(self, ray_trial_id: str, donor_ray_trial_id: str, step: int | None,
+                  old: dict[str, Any], new: dict[str, Any]) -> None:
+        """PBT copied a donor into this trial: append the exploit to its ``exploits`` attribute.
+
+        Each entry: ``donor_trial`` (Optuna number), ``step`` (the donor's
+        optimizer updates when cloned), ``old`` and ``new`` hyperparameters;
+        ``params_now`` holds the hyperparameters the trial trains with now.
+        """
+        t = self.trials.get(ray_trial_id)
+        if t is None or t.told:
+            return
+        donor = self.trials.get(donor_ray_trial_id)
+        entry = {"donor_trial": donor.number if donor else None, "step": step, "old": old,
+                 "new": new}
+        exploits = self.storage.get_trial(t.trial_id).user_attrs.get("exploits", [])
+        self.storage.set_trial_user_attr(t.trial_id, "exploits", [*exploits, entry])
+        self.storage.set_trial_user_attr(t.trial_id, "params_now", new)
+
     def budget_used(self) -> int:
         """Finished trials that count against ``budget.n_trials`` (requeued ones do not)."""
         return sum(1 for t in self.study.get_trials(deepcopy=False, states=TERMINAL)

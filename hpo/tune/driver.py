@@ -14,6 +14,7 @@ from pathlib import Path
 
 import ray
 from ray import tune
+from ray.tune.search import BasicVariantGenerator
 
 import trainers
 from hpo.errors import ClusterError, SpecError
@@ -21,6 +22,8 @@ from hpo.record import Counts, Orphan, StudyRecord
 from hpo.spec import StudySpec
 from hpo.storage import open_storage
 from hpo.tune.callback import RecordCallback
+from hpo.tune.pbt import build_pbt, remove_pins
+from hpo.tune.pbt import param_space as pbt_param_space
 from hpo.tune.schedulers import build_scheduler
 from hpo.tune.searcher import StudySearcher
 from hpo.tune.trainable import TrialSetup, train_trial
@@ -130,13 +133,23 @@ class StopWhen(tune.Stopper):
 def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
                 on_change: Callable[[], None] | None, stopper: StopWhen) -> tune.Tuner:
     """A Tuner for the planned trials of ``spec``: orphans to resume, then new ones."""
-    task, config = trainers.create(spec.task, spec.config)
-    scheduler = build_scheduler(spec, record, trainers.planned_updates(task, config))
     objective = spec.objectives[0]
+    param_space = None
+    max_concurrent = spec.budget.max_concurrent_trials
+    if spec.scheduler.name == "pbt":  # Ray's PBT refuses any search algorithm
+        scheduler = build_pbt(spec, record, pins_dir(spec, results_dir))
+        search_alg = BasicVariantGenerator(random_state=spec.sampler.seed,
+                                           max_concurrent=max_concurrent)
+        param_space = pbt_param_space(spec)
+        max_concurrent = None  # Tune would ignore it for a variant generator, with a warning
+    else:
+        task, config = trainers.create(spec.task, spec.config)
+        scheduler = build_scheduler(spec, record, trainers.planned_updates(task, config))
+        search_alg = StudySearcher(record, plan.n_new, plan.resumes)
     tune_config = tune.TuneConfig(
         metric=objective.metric, mode="max" if objective.direction == "maximize" else "min",
-        search_alg=StudySearcher(record, plan.n_new, plan.resumes), scheduler=scheduler,
-        num_samples=plan.n_ray_trials, max_concurrent_trials=spec.budget.max_concurrent_trials,
+        search_alg=search_alg, scheduler=scheduler,
+        num_samples=plan.n_ray_trials, max_concurrent_trials=max_concurrent,
         reuse_actors=True, time_budget_s=spec.budget.timeout_s)
     run_config = tune.RunConfig(
         name=spec.name, storage_path=str(results_dir.resolve()), verbose=0, stop=stopper,
@@ -144,7 +157,12 @@ def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: P
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
     return tune.Tuner(build_trainable(spec, results_dir), tune_config=tune_config,
-                      run_config=run_config)
+                      run_config=run_config, param_space=param_space)
+
+
+def pins_dir(spec: StudySpec, results_dir: Path) -> Path:
+    """Where PBT keeps the donor checkpoints it hands to exploiting trials."""
+    return results_dir.resolve() / spec.name / "pbt-pinned-checkpoints"
 
 
 def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = None,
@@ -182,6 +200,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             build_tuner(spec, record, plan, Path(results_dir), notify, stopper).fit()
         finally:
             end_open_trials(record, "user" if stopper.stopped else spec.scheduler.name)
+            remove_pins(pins_dir(spec, Path(results_dir)))
     return outcome(record, stopped=stopper.stopped)
 
 
@@ -207,7 +226,9 @@ def plan_trials(record: StudyRecord) -> Plan:
     """
     resumes = []
     for orphan in record.orphans():
-        if orphan.checkpoint and Path(orphan.checkpoint).is_dir():
+        if record.spec.scheduler.name == "pbt":  # a population cannot take a member back
+            record.abandon(orphan, "the driver running this PBT trial stopped")
+        elif orphan.checkpoint and Path(orphan.checkpoint).is_dir():
             resumes.append(orphan)
         else:
             record.requeue(orphan, "the driver running this trial stopped before its first "

@@ -1,0 +1,144 @@
+"""Population based training, mirrored into the Optuna study.
+
+Ray refuses PBT with any search algorithm, so a PBT study samples its
+population with Ray's own variant generator from the spec's search space; the
+same space gives ``hyperparam_mutations``. :class:`RecordingPBT` is Ray's
+``PopulationBasedTraining`` with one thin seam around ``_exploit`` that
+
+* records every exploit on the receiving trial (donor trial number, the update
+  step, old and new hyperparameters), so that the dashboard shows the schedule
+  and the lineage;
+* pins donor checkpoints: when PBT remembers a top trial's checkpoint (to hand
+  it to an exploiting trial later), the checkpoint is copied aside, so that the
+  donor's own retention (``num_to_keep``) cannot delete it first ("Could not
+  recover from checkpoint as it does not exist on storage anymore", ray#9036).
+
+Perturbed values are clipped into the search space (Ray scales them by 1.2 or
+0.8 without bounds) through PBT's public ``custom_explore_fn``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+from ray.tune.schedulers import PopulationBasedTraining
+
+from hpo.record import StudyRecord
+from hpo.spec import CategoricalParam, FloatParam, IntParam, StudySpec
+
+TIME_ATTR = "step"
+log = logging.getLogger(__name__)
+
+
+def ray_domain(param: FloatParam | IntParam | CategoricalParam):
+    """The Ray Tune search domain of one search-space parameter."""
+    if isinstance(param, CategoricalParam):
+        return tune.choice(list(param.choices))
+    if isinstance(param, IntParam):
+        if param.log:
+            return tune.lograndint(param.low, param.high + 1)
+        if param.step != 1:
+            return tune.qrandint(param.low, param.high, param.step)
+        return tune.randint(param.low, param.high + 1)
+    if param.log:
+        return tune.loguniform(param.low, param.high)
+    if param.step is not None:
+        return tune.quniform(param.low, param.high, param.step)
+    return tune.uniform(param.low, param.high)
+
+
+def param_space(spec: StudySpec) -> dict[str, Any]:
+    return {name: ray_domain(p) for name, p in spec.search_space.items()}
+
+
+def clip_to_space(spec: StudySpec) -> Callable[[dict], dict]:
+    """A ``custom_explore_fn`` putting perturbed values back into the search space."""
+
+    def clip(config: dict) -> dict:
+        for name, p in spec.search_space.items():
+            if name not in config or isinstance(p, CategoricalParam):
+                continue
+            value = min(max(config[name], p.low), p.high)
+            if p.step is not None and not (isinstance(p, IntParam) and p.step == 1):
+                value = p.low + round((value - p.low) / p.step) * p.step
+            config[name] = int(round(value)) if isinstance(p, IntParam) else float(value)
+        return config
+
+    return clip
+
+
+class RecordingPBT(PopulationBasedTraining):
+    """Ray's PBT, recording exploits and pinning donor checkpoints (see module doc)."""
+
+    def __init__(self, record: StudyRecord, pin_dir: Path, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.record = record
+        self.pin_dir = pin_dir
+
+    def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
+        """Ray's step, except how a top trial's checkpoint is kept.
+
+        Ray schedules an extra save here; for a function trainable that reports a
+        checkpoint with every result, that registers the same checkpoint twice
+        and its retention then deletes checkpoints still listed ("Error handling
+        checkpoint", and the restores of ray#9036). Instead the checkpoint
+        reported with this very result is copied aside (pinned) and remembered.
+        """
+        state = self._trial_state[trial]
+        state.last_checkpoint = self._pin(trial, state) if trial in upper_quantile else None
+        if trial not in lower_quantile:
+            return
+        trial_to_clone = random.choice(upper_quantile)
+        if self._trial_state[trial_to_clone].last_checkpoint is None:
+            log.info("no checkpoint for trial %s: trial %s does not exploit it",
+                     trial_to_clone, trial)
+            return
+        self._exploit(tune_controller, trial, trial_to_clone)
+
+    def _pin(self, trial, state) -> tune.Checkpoint | None:
+        name = (state.last_result or {}).get("checkpoint_dir_name")
+        if name:
+            source = tune.Checkpoint(path=f"{trial.storage.trial_fs_path}/{name}",
+                                     filesystem=trial.storage.storage_filesystem)
+        else:  # a result without its own checkpoint: the newest one registered
+            source = trial.checkpoint
+        if source is None:
+            return None
+        target = self.pin_dir / f"{trial.trial_id}-{uuid.uuid4().hex[:8]}"
+        source.to_directory(str(target))
+        return tune.Checkpoint.from_directory(str(target))
+
+    def _exploit(self, tune_controller, trial, trial_to_clone):
+        names = list(self.record.spec.search_space)
+        old = {k: trial.config.get(k) for k in names}
+        step = (self._trial_state[trial_to_clone].last_result or {}).get(TIME_ATTR)
+        super()._exploit(tune_controller, trial, trial_to_clone)
+        new = {k: trial.config.get(k) for k in names}
+        self.record.exploited(trial.trial_id, trial_to_clone.trial_id, step, old, new)
+
+
+def build_pbt(spec: StudySpec, record: StudyRecord, pin_dir: Path) -> RecordingPBT:
+    """The PBT scheduler of a ``scheduler: pbt`` spec (interval in optimizer updates)."""
+    s = spec.scheduler
+    mutations = {name: (list(p.choices) if isinstance(p, CategoricalParam) else ray_domain(p))
+                 for name, p in spec.search_space.items()}
+    # Ray warns that num_to_keep <= 2 breaks PBT restores; the pinning above is the fix.
+    warnings.filterwarnings("ignore", message=r"Using `CheckpointConfig.num_to_keep <= 2`")
+    return RecordingPBT(record, pin_dir, time_attr=TIME_ATTR,
+                        perturbation_interval=s.perturbation_interval,
+                        hyperparam_mutations=mutations, quantile_fraction=s.quantile_fraction,
+                        resample_probability=s.resample_probability,
+                        custom_explore_fn=clip_to_space(spec), log_config=False)
+
+
+def remove_pins(pin_dir: Path) -> None:
+    """Delete the pinned donor checkpoints once the study's trials have ended."""
+    shutil.rmtree(pin_dir, ignore_errors=True)
