@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(signal.SIGTERM)  # SIGTERM, so that ray.shutdown() stops Ray's agents too
     import ray
 
-    context = ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING",
-                       log_to_driver=False)
+    # address="local": always a new Ray, never one found running on this machine
+    context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                       logging_level="WARNING", log_to_driver=False)
     print(json.dumps({"address": context.address_info["gcs_address"],
                       "auth_mode": os.environ.get("RAY_AUTH_MODE")}), flush=True)
     done.wait()

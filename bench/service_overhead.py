@@ -1,0 +1,159 @@
+"""Seconds per trial of the service versus ``hpo run`` versus raw Ray Tune + OptunaSearch.
+
+The same trivial study (one optimizer update of ``digits`` per trial, TPE, 2
+concurrent) is run three ways:
+
+* ``service``: submitted over REST to ``python -m service.server`` (its own local
+  Ray, already up), timed from the POST to the study's COMPLETED status: the
+  driver process start, Ray join and every heartbeat are included;
+* ``hpo run``: ``run_study`` in this process (what ``hpo run`` calls);
+* ``raw-tune``: ``tune.Tuner`` + ``OptunaSearch``, ``reuse_actors=True``.
+
+Prints seconds per trial and the ratios to raw Ray Tune (goal: service <= 1.25).
+
+    python bench/service_overhead.py [--trials 200] [--concurrency 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = {"max_updates": 1, "max_epochs": None, "width": 8, "depth": 1}
+
+
+def spec(name: str, n_trials: int, concurrency: int) -> dict:
+    return {"name": name, "task": "digits", "config": WORK,
+            "search_space": {"lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}},
+            "objective": {"metric": "val_accuracy"}, "sampler": {"name": "tpe", "seed": 0},
+            "budget": {"n_trials": n_trials, "max_concurrent_trials": concurrency}}
+
+
+def bench_service(n: int, concurrency: int, workdir: Path, port: int = 8799) -> float:
+    """Wall seconds from POST to COMPLETED on a real server with its own local Ray."""
+    from service.auth import create_token
+    from service.db import build_engine, create_tables, session_factory
+
+    url = f"sqlite:///{workdir / 'service.db'}"
+    engine = build_engine(url)
+    create_tables(engine)
+    token = create_token(session_factory(engine), "bench", admin=True)
+    engine.dispose()
+    env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_RESULTS_DIR": str(workdir / "svc-runs"),
+           "HPO_PORT": str(port), "HPO_NUM_CPUS": str(os.cpu_count())}
+    env.pop("RAY_ADDRESS", None)
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - the server keeps it
+    server = subprocess.Popen([sys.executable, "-m", "service.server"], cwd=REPO, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+    try:
+        _wait_ready(base, server)
+        started = time.perf_counter()
+        r = httpx.post(f"{base}/v1/studies", json=spec("bench-service", n, concurrency),
+                       headers=headers, timeout=60)
+        r.raise_for_status()
+        while True:
+            study = httpx.get(f"{base}/v1/studies/bench-service", headers=headers).json()
+            if study["status"] in ("COMPLETED", "STOPPED", "FAILED"):
+                break
+            time.sleep(0.2)
+        elapsed = time.perf_counter() - started
+        if study["status"] != "COMPLETED":
+            raise RuntimeError(f"service study {study['status']}: {study['error']}")
+        return elapsed
+    finally:
+        server.terminate()
+        server.wait(120)
+
+
+def _wait_ready(base: str, server: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError("the server exited; see server.log")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("the server did not become ready")
+
+
+def bench_hpo_run(n: int, concurrency: int, workdir: Path) -> float:
+    from hpo.spec import parse_spec
+    from hpo.tune.driver import run_study
+
+    started = time.perf_counter()
+    run_study(parse_spec(spec("bench-hpo", n, concurrency)), f"sqlite:///{workdir / 'hpo.db'}",
+              results_dir=workdir / "hpo-runs")
+    return time.perf_counter() - started
+
+
+def _raw_trainable(config):
+    from ray import tune
+
+    import trainers
+
+    task, cfg = trainers.create("digits", {**WORK, "lr": config["lr"]})
+    tune.report({"val_accuracy": trainers.fit(task, cfg).metrics["val_accuracy"]})
+
+
+def bench_raw_tune(n: int, concurrency: int, workdir: Path) -> float:
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{workdir / 'raw.db'}")
+    search = OptunaSearch(metric="val_accuracy", mode="max", storage=storage, study_name="raw",
+                          sampler=optuna.samplers.TPESampler(seed=0))
+    tuner = tune.Tuner(
+        tune.with_resources(_raw_trainable, {"cpu": 1}),
+        param_space={"lr": tune.loguniform(1e-4, 1e-1)},
+        tune_config=tune.TuneConfig(search_alg=search, num_samples=n, reuse_actors=True,
+                                    max_concurrent_trials=concurrency),
+        run_config=tune.RunConfig(name="raw", storage_path=str(workdir / "raw-runs"), verbose=0))
+    started = time.perf_counter()
+    tuner.fit()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=2)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        service = bench_service(args.trials, args.concurrency, workdir)
+        print(f"service: {service:.1f} s", flush=True)
+        import ray
+
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False, logging_level="ERROR")
+        raw = bench_raw_tune(args.trials, args.concurrency, workdir)
+        print(f"raw-tune: {raw:.1f} s", flush=True)
+        hpo = bench_hpo_run(args.trials, args.concurrency, workdir)
+        print(f"hpo run: {hpo:.1f} s", flush=True)
+        ray.shutdown()
+    n = args.trials
+    print(f"{n} trials, {args.concurrency} concurrent, {os.cpu_count()} CPUs; "
+          "work per trial: 1 update of digits")
+    print(f"{'way':10} {'s/trial':>8} {'vs raw-tune':>12}")
+    for name, seconds in [("service", service), ("hpo run", hpo), ("raw-tune", raw)]:
+        print(f"{name:10} {seconds / n:8.3f} {seconds / raw:12.2f}")
+    print(f"goal: service <= 1.25x raw-tune: {'met' if service <= 1.25 * raw else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
