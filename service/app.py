@@ -48,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         from service.dispatcher import Dispatcher
 
         dispatcher = Dispatcher(settings, sessions, study_service)
+        study_service.on_queued = dispatcher.wake
     readiness = Readiness(engine, settings.ray_address,
                           dispatcher.alive if dispatcher is not None else None)
 

@@ -71,15 +71,22 @@ class Dispatcher:
         self.id = f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.drivers: dict[str, Driver] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.spare: subprocess.Popen | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         """Finish interrupted creates/deletes, then dispatch in a background thread."""
         self.recover_interrupted_writes()
+        self._start_spare()
         self._thread = threading.Thread(target=self._loop, name="hpo-dispatcher", daemon=True)
         self._thread.start()
+
+    def wake(self) -> None:
+        """Dispatch now rather than at the next interval (a study was just queued)."""
+        self._wake.set()
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -91,8 +98,11 @@ class Dispatcher:
         puts its study back to QUEUED, so the next start continues it.
         """
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        if self.spare is not None:
+            stop_process(self.spare, grace_s)
         for driver in list(self.drivers.values()):
             driver.proc.terminate()
         for driver in list(self.drivers.values()):
@@ -105,7 +115,8 @@ class Dispatcher:
                 self.run_once()
             except Exception:  # the loop must outlive a database hiccup
                 log.exception("dispatcher round failed")
-            self._stop.wait(self.settings.dispatch_interval_s)
+            self._wake.wait(self.settings.dispatch_interval_s)
+            self._wake.clear()
 
     def run_once(self) -> None:
         """One round: reap drivers, take over abandoned studies, claim queued ones."""
@@ -179,18 +190,42 @@ class Dispatcher:
             self._spawn(name, claim)
 
     def _spawn(self, name: str, claim: str) -> None:
-        log_path = Path(self.settings.results_dir) / name / LOG_NAME
+        log_path = (Path(self.settings.results_dir) / name / LOG_NAME).resolve()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "service.worker", name, claim],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=child_env(self.settings.worker_env()))
+        proc = self._take_spare(f"{name} {claim} {log_path}\n")
+        if proc is None:
+            with open(log_path, "ab") as log_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "service.worker", name, claim],
+                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    env=child_env(self.settings.worker_env()))
+        self._start_spare()
         self.drivers[name] = Driver(name, claim, proc, log_path)
         with self.sessions.begin() as session:
             session.execute(sa.update(StudyRow).where(
                 StudyRow.name == name, StudyRow.claimed_by == claim).values(worker_pid=proc.pid))
         log.info("study %s: driver started (pid %d, log %s)", name, proc.pid, log_path)
+
+    def _start_spare(self) -> None:
+        """Keep one warm driver process ready (it imports Ray and torch while it waits)."""
+        if self.settings.warm_drivers and (self.spare is None or self.spare.poll() is not None):
+            self.spare = subprocess.Popen(
+                [sys.executable, "-m", "service.worker", "--warm"], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=child_env(self.settings.worker_env()))
+
+    def _take_spare(self, assignment: str) -> subprocess.Popen | None:
+        """Hand a study to the warm driver; ``None`` if there is none alive."""
+        spare, self.spare = self.spare, None
+        if spare is None or spare.poll() is not None:
+            return None
+        try:
+            spare.stdin.write(assignment.encode())
+            spare.stdin.close()
+        except OSError:
+            spare.kill()
+            return None
+        return spare
 
     # -- reaping -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ variable                      default                    meaning
 ``HPO_HEARTBEAT_TIMEOUT_S``   ``30``                     silent this long: the study is taken over
 ``HPO_NUM_CPUS``              unset (all)                CPUs of the local Ray of ``hpo serve``
 ``HPO_PUBLIC_URL``            ``http://HOST:PORT``       the address printed for people
+``HPO_WARM_DRIVER``           ``true``                   keep one driver process imported and ready
 ============================  =========================  ==========================================
 """
 
@@ -54,6 +55,7 @@ class Settings:
     num_cpus: int | None = None
     public_url: str | None = None
     run_dispatcher: bool = True
+    warm_drivers: bool = True
 
     @property
     def url(self) -> str:
@@ -85,6 +87,7 @@ class Settings:
                                        0.5, 86400),
             num_cpus=_int(env, "HPO_NUM_CPUS", None, 1, 4096),
             public_url=env.get("HPO_PUBLIC_URL") or None,
+            warm_drivers=_bool(env, "HPO_WARM_DRIVER", cls.warm_drivers),
         )
         values.update(overrides)
         settings = cls(**values)

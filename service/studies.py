@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ class StudyService:
         self.settings = settings
         self.sessions = sessions
         self.storage = storage
+        self.on_queued: Callable[[], None] = lambda: None  # the dispatcher's wake-up
 
     # -- create ----------------------------------------------------------------------
 
@@ -80,6 +81,7 @@ class StudyService:
         try:  # from here on, an Optuna study of this name is the one this call creates
             open_study(spec, self.storage)
             self._transition(spec.name, (Status.CREATING,), status=Status.QUEUED)
+            self.on_queued()
         except StudyExistsError as e:  # created outside the service a moment ago
             self.undo_create(spec.name, delete_optuna=False)
             raise StudyConflict(str(e)) from None
