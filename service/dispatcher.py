@@ -128,7 +128,9 @@ class Dispatcher:
                         StudyRow.claimed_by == old_claim)
         while len(self.drivers) < self.settings.max_running_studies:
             if not self.claim_queued():
-                return
+                break
+        if not self.drivers:  # warm the next driver only while idle: its imports take
+            self._start_spare()  # CPU seconds that running trials would miss
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -199,7 +201,6 @@ class Dispatcher:
                     [sys.executable, "-m", "service.worker", name, claim],
                     stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                     env=child_env(self.settings.worker_env()))
-        self._start_spare()
         self.drivers[name] = Driver(name, claim, proc, log_path)
         with self.sessions.begin() as session:
             session.execute(sa.update(StudyRow).where(
@@ -207,7 +208,7 @@ class Dispatcher:
         log.info("study %s: driver started (pid %d, log %s)", name, proc.pid, log_path)
 
     def _start_spare(self) -> None:
-        """Keep one warm driver process ready (it imports Ray and torch while it waits)."""
+        """Keep a warm driver process ready (it imports Ray and torch, then waits)."""
         if self.settings.warm_drivers and (self.spare is None or self.spare.poll() is not None):
             self.spare = subprocess.Popen(
                 [sys.executable, "-m", "service.worker", "--warm"], stdin=subprocess.PIPE,

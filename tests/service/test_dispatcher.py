@@ -43,7 +43,7 @@ class RecordingDispatcher(Dispatcher):
 def world(db_url, tmp_path):
     """An app on ``db_url`` (SQLite and PostgreSQL) with a token and a dispatcher factory."""
     settings = Settings(database_url=db_url, results_dir=tmp_path / "results",
-                        run_dispatcher=False, max_running_studies=2)
+                        run_dispatcher=False, max_running_studies=2, warm_drivers=False)
     app = create_app(settings)
     c = app.state.components
     token = create_token(c.sessions, "alice")
@@ -203,3 +203,25 @@ def test_a_worker_without_its_claim_exits_75_and_leaves_the_study_alone(world, t
     assert row.status == "RUNNING" and row.claimed_by == "someone:1:else:x"
     assert optuna.load_study(study_name="claimed",
                              storage=app.state.components.studies.storage).trials == []
+
+
+def test_a_warm_driver_is_kept_while_idle_and_handed_the_next_study(world):
+    app, submit, dispatcher = world
+    d = Dispatcher(Settings(**{**dispatcher().settings.__dict__, "warm_drivers": True}),
+                   app.state.components.sessions, app.state.components.studies)
+    d.run_once()
+    spare = d.spare
+    assert spare is not None and spare.poll() is None
+    submit("warm")
+    # a claim the row does not hold: the warm driver must say so in the study's log and exit
+    _set(app, "warm", status=Status.RUNNING, claimed_by="someone:else")
+    d._spawn("warm", f"{d.id}:x")
+    assert d.drivers["warm"].proc is spare and d.spare is None  # no new import while busy
+    assert spare.wait(180) == 75
+    assert f"claim {d.id}:x lost" in d.drivers["warm"].log_path.read_text()
+    d.drivers.clear()
+    _set(app, "warm", status=Status.FAILED)
+    d.run_once()  # idle again: a new warm driver
+    assert d.spare is not None and d.spare is not spare
+    d.shutdown(grace_s=5)
+    assert d.spare.poll() is not None
