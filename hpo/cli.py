@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
+import subprocess
 from pathlib import Path
 from typing import Annotated
 
@@ -99,6 +101,45 @@ def _add_installed_commands() -> None:
 
 
 _add_installed_commands()
+
+
+@app.command()
+def worker(
+    address: Annotated[str, typer.Option(
+        "--address", help="the Ray head's GCS address, HEAD:PORT (port 6379 by default)")],
+    num_gpus: Annotated[int | None, typer.Option(min=0, help="GPUs this node offers")] = None,
+    num_cpus: Annotated[int | None, typer.Option(min=1, help="CPUs this node offers")] = None,
+    resources: Annotated[str | None, typer.Option(
+        help='custom resources as JSON, e.g. \'{"a100": 1}\'')] = None,
+    block: Annotated[bool, typer.Option(help="stay in the foreground until stopped")] = False,
+    dry_run: Annotated[bool, typer.Option(help="print the ray start command only")] = False,
+) -> None:
+    """Start a Ray worker node that joins the cluster (a thin wrapper over `ray start`).
+
+    The head needs the same token as every node when it uses token auth (the
+    default of `ray start --head` once a token exists): export RAY_AUTH_MODE=token
+    and RAY_AUTH_TOKEN before running this command.
+    """
+    from hpo.workers import WorkerOptionError, ray_start_command
+
+    try:
+        command = ray_start_command(address, num_gpus=num_gpus, num_cpus=num_cpus,
+                                    resources=resources, block=block)
+    except WorkerOptionError as e:
+        err.print(f"[bold red]error:[/] {e.flag}: {e}")
+        raise typer.Exit(2) from None
+    if not os.environ.get("RAY_AUTH_TOKEN") and not Path.home().joinpath(
+            ".ray", "auth_token").exists():
+        err.print("note: no RAY_AUTH_TOKEN in the environment: a head with token auth will "
+                  "refuse this node (export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=...)")
+    print(" ".join(command), flush=True)
+    if dry_run:
+        return
+    code = subprocess.call(command)
+    if code == 0 and not block:
+        out.print("worker node started. Stop it with `ray stop` (this stops every Ray "
+                  "process on this machine).")
+    raise typer.Exit(code)
 
 
 def main() -> None:

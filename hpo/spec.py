@@ -338,11 +338,26 @@ class Budget(_Model):
 
 
 class Resources(_Model):
-    """Per trial: CPUs and GPUs of each worker (fractions share a device) and DDP workers."""
+    """Per trial: CPUs and GPUs of each worker (fractions share a device) and DDP workers.
+
+    ``custom`` asks each worker for custom Ray resources (``{"special": 1}``),
+    which only the nodes started with them provide.
+    """
 
     cpus: float = Field(1.0, gt=0, le=1024)
     gpus: float = Field(0.0, ge=0, le=64)
     workers: int = Field(1, ge=1, le=1024)
+    custom: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("custom")
+    @classmethod
+    def _custom(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if name.upper() in ("CPU", "GPU", "MEMORY") or not name:
+                raise ValueError(f"{name!r} is not a custom resource; use cpus or gpus")
+            if not amount > 0:
+                raise ValueError(f"{name}: must be > 0, got {amount}")
+        return v
 
     @field_validator("gpus")
     @classmethod

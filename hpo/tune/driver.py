@@ -75,21 +75,23 @@ def check_resources(spec: StudySpec) -> None:
     """Refuse, naming the field, a trial that no node of the cluster could ever hold.
 
     Raises:
-        SpecError: no node has ``resources.cpus`` CPUs and ``resources.gpus``
-            GPUs, or the cluster has fewer than ``resources.workers`` such slots.
+        SpecError: no node has a worker's ``resources.cpus`` CPUs, ``resources.gpus``
+            GPUs and ``resources.custom`` resources, or the cluster has fewer than
+            ``resources.workers`` such slots.
     """
     r = spec.resources
+    need = {"CPU": r.cpus, "GPU": r.gpus, **r.custom}
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    fitting = [n for n in nodes if n.get("CPU", 0) >= r.cpus and n.get("GPU", 0) >= r.gpus]
+    fitting = [n for n in nodes if all(n.get(k, 0) >= v for k, v in need.items() if v > 0)]
     if not fitting:
-        most_cpus = max((n.get("CPU", 0) for n in nodes), default=0)
-        most_gpus = max((n.get("GPU", 0) for n in nodes), default=0)
-        field = "resources.gpus" if r.gpus > most_gpus else "resources.cpus"
-        have = most_gpus if field == "resources.gpus" else most_cpus
-        raise SpecError.at(field, f"no node of the cluster has that many; the largest has "
-                                  f"{have:g}")
-    slots = sum(int(n.get("CPU", 0) // r.cpus) if r.gpus == 0 else
-                int(min(n.get("CPU", 0) // r.cpus, n.get("GPU", 0) // r.gpus)) for n in fitting)
+        for key, field in [("GPU", "resources.gpus"), ("CPU", "resources.cpus"),
+                           *((k, f"resources.custom.{k}") for k in r.custom)]:
+            most = max((n.get(key, 0) for n in nodes), default=0)
+            if need[key] > most:
+                raise SpecError.at(field, f"no node of the cluster has {need[key]:g}; the "
+                                          f"largest has {most:g}")
+        raise SpecError.at("resources", "no single node has all of these resources")
+    slots = sum(int(min(n.get(k, 0) // v for k, v in need.items() if v > 0)) for n in fitting)
     if slots < r.workers:
         raise SpecError.at("resources.workers", f"the cluster can hold {slots} such workers at "
                                                 f"most")
@@ -99,11 +101,12 @@ def build_trainable(spec: StudySpec, results_dir: Path):
     """The trainable with its shared setup and its resource request."""
     r = spec.resources
     setup = TrialSetup(task=spec.task, config=dict(spec.config), cpus=r.cpus, gpus=r.gpus,
-                       workers=r.workers, results_dir=str(results_dir.resolve()))
+                       workers=r.workers, results_dir=str(results_dir.resolve()),
+                       custom=dict(r.custom))
     trainable = tune.with_parameters(train_trial, setup=setup)
     if r.workers > 1:  # the Train workers get their own placement group; the trial itself
         return tune.with_resources(trainable, {"cpu": 0.01})  # must not hold their CPUs
-    return tune.with_resources(trainable, {"cpu": r.cpus, "gpu": r.gpus})
+    return tune.with_resources(trainable, {"cpu": r.cpus, "gpu": r.gpus, **r.custom})
 
 
 class StopWhen(tune.Stopper):

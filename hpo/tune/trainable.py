@@ -37,6 +37,7 @@ class TrialSetup:
     gpus: float
     workers: int
     results_dir: str
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -86,8 +87,10 @@ def train_trial(params: dict[str, Any], setup: TrialSetup) -> None:
         if checkpoint is None and adopted:  # a trial a dead driver left running
             checkpoint = tune.Checkpoint(adopted)
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
-        result = trainers.fit(task, config, TuneReporter(), resume_from=resume)
-        tune.report({**result.metrics, FINISHED_KEY: 1, "stop_reason": result.stop_reason})
+        reporter = TuneReporter()
+        result = trainers.fit(task, config, reporter, resume_from=resume)
+        tune.report({**result.metrics, FINISHED_KEY: 1, "stop_reason": result.stop_reason,
+                     "node_id": reporter.node_id})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -139,7 +142,8 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
-    per_worker = {"CPU": setup.cpus, **({"GPU": setup.gpus} if setup.gpus > 0 else {})}
+    per_worker = {"CPU": setup.cpus, **({"GPU": setup.gpus} if setup.gpus > 0 else {}),
+                  **setup.custom}
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"params": params, "setup": setup},

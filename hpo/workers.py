@@ -1,0 +1,50 @@
+"""Adding worker nodes to a Ray cluster: the ``ray start`` command that ``hpo worker`` runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+class WorkerOptionError(ValueError):
+    """A bad ``hpo worker`` option; ``flag`` names it."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
+def ray_start_command(address: str, *, num_gpus: int | None = None,
+                      num_cpus: int | None = None, resources: str | None = None,
+                      block: bool = False) -> list[str]:
+    """The ``ray start`` command that joins ``address`` as a worker node.
+
+    Raises:
+        WorkerOptionError: the address is not HOST:PORT, or ``resources`` is not
+            a JSON object of positive numbers.
+    """
+    if not _ADDRESS.match(address) or not 0 < int(address.rsplit(":", 1)[1]) < 65536:
+        raise WorkerOptionError("--address", f"expected HOST:PORT, got {address!r}")
+    ray = str(Path(sys.executable).parent / "ray")
+    command = [ray, "start", f"--address={address}"]
+    if num_gpus is not None:
+        command.append(f"--num-gpus={num_gpus}")
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    if resources:
+        try:
+            parsed = json.loads(resources)
+        except json.JSONDecodeError as e:
+            raise WorkerOptionError("--resources", f"not JSON: {e}") from None
+        if not isinstance(parsed, dict) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                for v in parsed.values()):
+            raise WorkerOptionError("--resources", "expected a JSON object of positive numbers")
+        command.append(f"--resources={json.dumps(parsed)}")
+    if block:
+        command.append("--block")
+    return command
