@@ -34,10 +34,6 @@ class Principal:
     name: str
     is_admin: bool = False
 
-    @property
-    def sees_all(self) -> bool:
-        return self.is_admin
-
 
 ANONYMOUS = Principal(token_id=None, name="anonymous")
 
