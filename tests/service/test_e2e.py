@@ -8,7 +8,6 @@ import signal
 
 import httpx
 import optuna
-import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
@@ -199,6 +198,14 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.fixture
-def pg_url_or_skip(pg_url):
-    return pg_url
+def test_a_study_needing_resources_no_node_has_fails_naming_the_field(server_process,
+                                                                      sqlite_url):
+    server = server_process(sqlite_url)
+    token = _admin_token(sqlite_url)
+    server.start()
+    r = httpx.post(f"{server.url}/v1/studies", headers=bearer(token),
+                   json=tiny_spec("greedy", resources={"cpus": 1, "gpus": 1}))
+    assert r.status_code == 201  # the cluster is known to the driver, not to the API
+    study = wait_for(lambda: _ended(server, token, "greedy"), what="the study to fail")
+    assert study["status"] == "FAILED"
+    assert "resources.gpus" in study["error"] and study["counts"]["running"] == 0
