@@ -22,10 +22,11 @@ def test_pbt_on_digits_exploits_records_lineage_and_reaches_97_percent(sqlite_ur
     study = optuna.load_study(study_name=spec.name, storage=sqlite_url)
     trials = study.trials
     # every trial finished, none failed (with checkpoint retention num_to_keep=2: ray#9036)
-    assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
-    assert out.best_value >= 0.97
+    summary = [(t.number, t.state.name, t.value, t.user_attrs) for t in trials]
+    assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials), summary
+    assert out.best_value >= 0.97, summary
     exploits = [e for t in trials for e in t.user_attrs.get("exploits", [])]
-    assert exploits, "no exploit happened"
+    assert exploits, summary
     numbers = {t.number for t in trials}
     lr, wd = spec.search_space["lr"], spec.search_space["weight_decay"]
     for e in exploits:
