@@ -46,6 +46,7 @@ from pydantic import (
 from hpo.errors import SpecError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no searcher
 """Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""
 
 
@@ -316,6 +317,14 @@ class PBTSchedulerSpec(_Model):
     resample_probability: float = Field(0.25, ge=0, le=1)
 
 
+class PB2SchedulerSpec(_Model):
+    """Population based bandits (Parker-Holder et al., 2020), Ray's ``PB2``; numeric spaces."""
+
+    name: Literal["pb2"]
+    perturbation_interval: int = Field(..., ge=1)
+    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
+
+
 class OptunaPrunerSchedulerSpec(_Model):
     """Any Optuna pruner, asked on every result by a small Ray ``TrialScheduler``."""
 
@@ -325,7 +334,8 @@ class OptunaPrunerSchedulerSpec(_Model):
 
 SchedulerSpec = Annotated[
     FifoSchedulerSpec | AshaSchedulerSpec | HyperbandSchedulerSpec | MedianSchedulerSpec
-    | PBTSchedulerSpec | OptunaPrunerSchedulerSpec, Field(discriminator="name")]
+    | PBTSchedulerSpec | PB2SchedulerSpec | OptunaPrunerSchedulerSpec,
+    Field(discriminator="name")]
 
 
 # -- budget and resources ------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 import trainers
 from hpo.errors import SpecError
 from hpo.spec import (
+    POPULATION_SCHEDULERS,
     CategoricalParam,
     FloatParam,
     IntParam,
@@ -158,8 +159,13 @@ def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
                                "msg": "the grid sampler needs a step (or use categorical)"})
         if not spec.search_space:
             errors.append({"loc": "search_space", "msg": "the grid sampler needs parameters"})
-    if scheduler == "pbt" and not spec.search_space:
+    if scheduler in POPULATION_SCHEDULERS and not spec.search_space:
         errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
+    if scheduler == "pb2":
+        for name, param in spec.search_space.items():
+            if isinstance(param, CategoricalParam):
+                errors.append({"loc": f"search_space.{name}.type",
+                               "msg": "PB2 explores numeric parameters only; use pbt"})
     return errors
 
 
@@ -183,7 +189,7 @@ def _check_warm_start(spec: StudySpec) -> list[dict]:
     errors = []
     for i, entry in enumerate(spec.warm_start):
         if isinstance(entry, WarmStartStudy):
-            if spec.scheduler.name == "pbt":
+            if spec.scheduler.name in POPULATION_SCHEDULERS:
                 errors.append({"loc": f"warm_start.{i}", "msg": "PBT samples its own population"})
             continue
         for name, value in entry.params.items():

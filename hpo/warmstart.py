@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from hpo.errors import SpecError
 from hpo.record import SPEC_ATTR, StudyRecord
-from hpo.spec import StudySpec, WarmStartStudy
+from hpo.spec import POPULATION_SCHEDULERS, StudySpec, WarmStartStudy
 from hpo.validation import in_distribution
 
 
@@ -53,7 +53,8 @@ def _source_study(name: str, storage, loc: str) -> optuna.Study:
     if len(study.directions) > 1:
         raise SpecError.at(loc, f"study {name!r} has several objectives; its top trials are "
                                 "not defined")
-    if study.user_attrs.get(SPEC_ATTR, {}).get("scheduler", {}).get("name") == "pbt":
+    scheduler = study.user_attrs.get(SPEC_ATTR, {}).get("scheduler", {}).get("name")
+    if scheduler in POPULATION_SCHEDULERS:
         raise SpecError.at(loc, f"study {name!r} is a PBT study: its trials changed their "
                                 "hyperparameters while training")
     return study

@@ -19,7 +19,7 @@ from ray.tune.search import BasicVariantGenerator
 import trainers
 from hpo.errors import ClusterError, SpecError
 from hpo.record import Counts, Orphan, StudyRecord
-from hpo.spec import StudySpec
+from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 from hpo.storage import open_storage
 from hpo.tune.callback import RecordCallback
 from hpo.tune.pbt import build_pbt, remove_pins
@@ -139,7 +139,7 @@ def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: P
     objective = spec.objectives[0]
     param_space = None
     max_concurrent = spec.budget.max_concurrent_trials
-    if spec.scheduler.name == "pbt":  # Ray's PBT refuses any search algorithm
+    if spec.scheduler.name in POPULATION_SCHEDULERS:  # Ray's PBT refuses any search algorithm
         scheduler = build_pbt(spec, record, pins_dir(spec, results_dir))
         search_alg = BasicVariantGenerator(random_state=spec.sampler.seed,
                                            max_concurrent=max_concurrent)
@@ -229,7 +229,7 @@ def plan_trials(record: StudyRecord) -> Plan:
     """
     resumes = []
     for orphan in record.orphans():
-        if record.spec.scheduler.name == "pbt":  # a population cannot take a member back
+        if record.spec.scheduler.name in POPULATION_SCHEDULERS:  # a population cannot take one back
             record.abandon(orphan, "the driver running this PBT trial stopped")
         elif orphan.checkpoint and Path(orphan.checkpoint).is_dir():
             resumes.append(orphan)

@@ -30,6 +30,7 @@ from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
+from ray.tune.schedulers.pb2 import PB2
 
 from hpo.record import StudyRecord
 from hpo.spec import CategoricalParam, FloatParam, IntParam, StudySpec
@@ -75,8 +76,10 @@ def clip_to_space(spec: StudySpec) -> Callable[[dict], dict]:
     return clip
 
 
-class RecordingPBT(PopulationBasedTraining):
-    """Ray's PBT, recording exploits and pinning donor checkpoints (see module doc)."""
+class _Lineage:
+    """Mixin for Ray's PBT and PB2: record exploits, pin donor checkpoints (see module doc)."""
+
+    _trial_state: dict
 
     def __init__(self, record: StudyRecord, pin_dir: Path, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -125,18 +128,29 @@ class RecordingPBT(PopulationBasedTraining):
         self.record.exploited(trial.trial_id, trial_to_clone.trial_id, step, old, new)
 
 
-def build_pbt(spec: StudySpec, record: StudyRecord, pin_dir: Path) -> RecordingPBT:
-    """The PBT scheduler of a ``scheduler: pbt`` spec (interval in optimizer updates)."""
+class RecordingPBT(_Lineage, PopulationBasedTraining):
+    """Ray's PopulationBasedTraining (Jaderberg et al., 2017) with the lineage seam."""
+
+
+class RecordingPB2(_Lineage, PB2):
+    """Ray's PB2 (Parker-Holder et al., 2020; GP-bandit exploration) with the lineage seam."""
+
+
+def build_pbt(spec: StudySpec, record: StudyRecord, pin_dir: Path) -> PopulationBasedTraining:
+    """The scheduler of a ``pbt`` or ``pb2`` spec (interval in optimizer updates)."""
     s = spec.scheduler
-    mutations = {name: (list(p.choices) if isinstance(p, CategoricalParam) else ray_domain(p))
-                 for name, p in spec.search_space.items()}
     # Ray warns that num_to_keep <= 2 breaks PBT restores; the pinning above is the fix.
     warnings.filterwarnings("ignore", message=r"Using `CheckpointConfig.num_to_keep <= 2`")
-    return RecordingPBT(record, pin_dir, time_attr=TIME_ATTR,
-                        perturbation_interval=s.perturbation_interval,
-                        hyperparam_mutations=mutations, quantile_fraction=s.quantile_fraction,
-                        resample_probability=s.resample_probability,
-                        custom_explore_fn=clip_to_space(spec), log_config=False)
+    common = dict(time_attr=TIME_ATTR, perturbation_interval=s.perturbation_interval,
+                  quantile_fraction=s.quantile_fraction, custom_explore_fn=clip_to_space(spec),
+                  log_config=False)
+    if s.name == "pb2":
+        bounds = {name: [p.low, p.high] for name, p in spec.search_space.items()}
+        return RecordingPB2(record, pin_dir, hyperparam_bounds=bounds, **common)
+    mutations = {name: (list(p.choices) if isinstance(p, CategoricalParam) else ray_domain(p))
+                 for name, p in spec.search_space.items()}
+    return RecordingPBT(record, pin_dir, hyperparam_mutations=mutations,
+                        resample_probability=s.resample_probability, **common)
 
 
 def remove_pins(pin_dir: Path) -> None:

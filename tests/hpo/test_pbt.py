@@ -8,6 +8,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from hpo.errors import SpecError
 from hpo.spec import load_spec, parse_spec
 from hpo.tune.driver import pins_dir, run_study
 from hpo.tune.pbt import clip_to_space
@@ -54,3 +55,29 @@ def test_perturbed_values_are_clipped_into_the_search_space():
     assert clip({"lr": 0.12, "width": 70.4, "dropout": 0.23, "optimizer": "sgd"}) == {
         "lr": 0.1, "width": 64, "dropout": pytest.approx(0.2), "optimizer": "sgd"}
     assert clip({"lr": 1e-5, "width": 13, "dropout": -0.1})["width"] == 16
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_pb2_runs_a_population_and_records_its_exploits(sqlite_url, tmp_path):
+    data = load_spec(EXAMPLES / "digits-pbt.yaml").to_dict()
+    data.update(name="digits-pb2", scheduler={"name": "pb2", "perturbation_interval": 46,
+                                              "quantile_fraction": 0.5})
+    data["config"]["max_epochs"] = 6
+    spec = parse_spec(data)
+    run_study(spec, sqlite_url, results_dir=tmp_path)
+    trials = optuna.load_study(study_name=spec.name, storage=sqlite_url).trials
+    summary = [(t.number, t.state.name, t.user_attrs) for t in trials]
+    assert all(t.state == TrialState.COMPLETE for t in trials) and len(trials) == 4, summary
+    exploits = [e for t in trials for e in t.user_attrs.get("exploits", [])]
+    assert exploits, summary
+    lr = spec.search_space["lr"]
+    assert all(lr.low <= e["new"]["lr"] <= lr.high for e in exploits)
+
+
+def test_pb2_refuses_categorical_parameters():
+    data = load_spec(EXAMPLES / "digits-pbt.yaml").to_dict()
+    data["scheduler"] = {"name": "pb2", "perturbation_interval": 46}
+    data["search_space"]["optimizer"] = {"type": "categorical", "choices": ["adamw", "sgd"]}
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    assert info.value.errors[0]["loc"] == "search_space.optimizer.type"
