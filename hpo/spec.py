@@ -31,8 +31,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
@@ -43,21 +41,29 @@ from pydantic import (
     field_validator,
 )
 
+from hpo.algorithms import (
+    POPULATION_SCHEDULERS,
+    FifoSchedulerSpec,
+    SamplerSpec,
+    SchedulerSpec,
+    Strict,
+    TPESamplerSpec,
+)
 from hpo.errors import SpecError
 
+__all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "StudySpec", "load_spec", "parse_spec",
+           "parse_text"]
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no searcher
 """Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # -- search space ------------------------------------------------------------------------
 
 
-class FloatParam(_Model):
+class FloatParam(Strict):
     """A float in ``[low, high]``, optionally log-uniform or on a grid of ``step``."""
 
     type: Literal["float"]
@@ -102,7 +108,7 @@ class FloatParam(_Model):
         return v
 
 
-class IntParam(_Model):
+class IntParam(Strict):
     """An integer in ``[low, high]`` with ``step``, optionally log-uniform."""
 
     type: Literal["int"]
@@ -142,7 +148,7 @@ class IntParam(_Model):
 Choice = StrictBool | StrictInt | StrictFloat | StrictStr | None
 
 
-class CategoricalParam(_Model):
+class CategoricalParam(Strict):
     """One of ``choices``: numbers, strings, booleans and null may be mixed (optuna#3129)."""
 
     type: Literal["categorical"]
@@ -168,186 +174,23 @@ Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator=
 # -- objective ---------------------------------------------------------------------------
 
 
-class Objective(_Model):
+class Objective(Strict):
     """A metric the task reports, and whether to maximize it (default: the task's direction)."""
 
     metric: str
     direction: Literal["minimize", "maximize"] | None = None
 
 
-# -- samplers ----------------------------------------------------------------------------
-
-
-class TPESamplerSpec(_Model):
-    name: Literal["tpe"]
-    seed: int | None = 0
-    n_startup_trials: int = Field(10, ge=0)
-    multivariate: bool = True
-    constant_liar: bool = True
-
-
-class RandomSamplerSpec(_Model):
-    name: Literal["random"]
-    seed: int | None = 0
-
-
-class GridSamplerSpec(_Model):
-    name: Literal["grid"]
-    seed: int | None = 0
-
-
-class GPSamplerSpec(_Model):
-    name: Literal["gp"]
-    seed: int | None = 0
-    n_startup_trials: int = Field(10, ge=0)
-
-
-class CmaEsSamplerSpec(_Model):
-    name: Literal["cmaes"]
-    seed: int | None = 0
-    n_startup_trials: int = Field(1, ge=0)
-    sigma0: float | None = Field(None, gt=0)
-
-
-class NSGA2SamplerSpec(_Model):
-    name: Literal["nsga2"]
-    seed: int | None = 0
-    population_size: int = Field(50, ge=2)
-
-
-SamplerSpec = Annotated[
-    TPESamplerSpec | RandomSamplerSpec | GridSamplerSpec | GPSamplerSpec | CmaEsSamplerSpec
-    | NSGA2SamplerSpec, Field(discriminator="name")]
-
-
-# -- Optuna pruners (for scheduler: optuna-pruner) ------------------------------------
-
-
-class MedianPrunerSpec(_Model):
-    name: Literal["median"]
-    n_startup_trials: int = Field(5, ge=0)
-    n_warmup_steps: int = Field(0, ge=0)
-    interval_steps: int = Field(1, ge=1)
-    n_min_trials: int = Field(1, ge=1)
-
-
-class PercentilePrunerSpec(_Model):
-    name: Literal["percentile"]
-    percentile: float = Field(..., ge=0, le=100)
-    n_startup_trials: int = Field(5, ge=0)
-    n_warmup_steps: int = Field(0, ge=0)
-    interval_steps: int = Field(1, ge=1)
-    n_min_trials: int = Field(1, ge=1)
-
-
-class SuccessiveHalvingPrunerSpec(_Model):
-    name: Literal["successive-halving"]
-    min_resource: int | Literal["auto"] = "auto"
-    reduction_factor: int = Field(4, ge=2)
-    min_early_stopping_rate: int = Field(0, ge=0)
-
-
-class HyperbandPrunerSpec(_Model):
-    name: Literal["hyperband"]
-    min_resource: int = Field(1, ge=1)
-    max_resource: int | Literal["auto"] = "auto"
-    reduction_factor: int = Field(3, ge=2)
-
-
-class WilcoxonPrunerSpec(_Model):
-    name: Literal["wilcoxon"]
-    p_threshold: float = Field(0.1, gt=0, lt=1)
-    n_startup_steps: int = Field(2, ge=0)
-
-
-class PatientPrunerSpec(_Model):
-    name: Literal["patient"]
-    patience: int = Field(..., ge=0)
-    min_delta: float = Field(0.0, ge=0)
-    wrapped: PrunerSpec | None = None
-
-
-PrunerSpec = Annotated[
-    MedianPrunerSpec | PercentilePrunerSpec | SuccessiveHalvingPrunerSpec | HyperbandPrunerSpec
-    | WilcoxonPrunerSpec | PatientPrunerSpec, Field(discriminator="name")]
-PatientPrunerSpec.model_rebuild()
-
-
-# -- Ray Tune schedulers (budgets in optimizer updates) -------------------------------
-
-
-class FifoSchedulerSpec(_Model):
-    name: Literal["fifo"]
-
-
-class AshaSchedulerSpec(_Model):
-    """Asynchronous successive halving (Li et al., 2020), Ray's ``AsyncHyperBandScheduler``."""
-
-    name: Literal["asha"]
-    max_t: int | None = Field(None, ge=1, description="default: the trials' planned updates")
-    grace_period: int = Field(1, ge=1)
-    reduction_factor: float = Field(4, gt=1)
-    brackets: int = Field(1, ge=1)
-
-
-class HyperbandSchedulerSpec(_Model):
-    """Synchronous Hyperband (Li et al., 2018), Ray's ``HyperBandScheduler`` (pauses trials)."""
-
-    name: Literal["hyperband"]
-    max_t: int | None = Field(None, ge=1)
-    reduction_factor: float = Field(3, gt=1)
-
-
-class MedianSchedulerSpec(_Model):
-    """Median stopping rule (Golovin et al., Vizier, 2017), Ray's ``MedianStoppingRule``."""
-
-    name: Literal["median"]
-    grace_period: int = Field(1, ge=0)
-    min_samples_required: int = Field(3, ge=1)
-    min_time_slice: int = Field(0, ge=0)
-    hard_stop: bool = True
-
-
-class PBTSchedulerSpec(_Model):
-    """Population based training (Jaderberg et al., 2017), Ray's ``PopulationBasedTraining``."""
-
-    name: Literal["pbt"]
-    perturbation_interval: int = Field(..., ge=1)
-    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
-    resample_probability: float = Field(0.25, ge=0, le=1)
-
-
-class PB2SchedulerSpec(_Model):
-    """Population based bandits (Parker-Holder et al., 2020), Ray's ``PB2``; numeric spaces."""
-
-    name: Literal["pb2"]
-    perturbation_interval: int = Field(..., ge=1)
-    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
-
-
-class OptunaPrunerSchedulerSpec(_Model):
-    """Any Optuna pruner, asked on every result by a small Ray ``TrialScheduler``."""
-
-    name: Literal["optuna-pruner"]
-    pruner: PrunerSpec
-
-
-SchedulerSpec = Annotated[
-    FifoSchedulerSpec | AshaSchedulerSpec | HyperbandSchedulerSpec | MedianSchedulerSpec
-    | PBTSchedulerSpec | PB2SchedulerSpec | OptunaPrunerSchedulerSpec,
-    Field(discriminator="name")]
-
-
 # -- budget and resources ------------------------------------------------------------
 
 
-class Budget(_Model):
+class Budget(Strict):
     n_trials: int = Field(..., ge=1, le=100_000)
     timeout_s: float | None = Field(None, gt=0)
     max_concurrent_trials: int = Field(1, ge=1, le=1024)
 
 
-class Resources(_Model):
+class Resources(Strict):
     """Per trial: CPUs and GPUs of each worker (fractions share a device) and DDP workers.
 
     ``custom`` asks each worker for custom Ray resources (``{"special": 1}``),
@@ -377,14 +220,14 @@ class Resources(_Model):
         return v
 
 
-class WarmStartStudy(_Model):
+class WarmStartStudy(Strict):
     """Try first the ``top_k`` best COMPLETE trials of an earlier study in the same storage."""
 
     study: str = Field(..., pattern=NAME_PATTERN)
     top_k: int = Field(5, ge=1, le=1000)
 
 
-class WarmStartPoint(_Model):
+class WarmStartPoint(Strict):
     """Try first this point (parameters absent from it are sampled)."""
 
     params: dict[str, Choice]
@@ -393,7 +236,7 @@ class WarmStartPoint(_Model):
 WarmStart = WarmStartStudy | WarmStartPoint
 
 
-class StudySpec(_Model):
+class StudySpec(Strict):
     """A study: a task, a search space, an objective, a sampler, a scheduler and a budget."""
 
     name: str = Field(..., pattern=NAME_PATTERN)

@@ -1,0 +1,183 @@
+"""Sampler, pruner and scheduler specs: the algorithms a study spec names, with their options.
+
+Each is a pydantic model tagged by ``name`` and validated strictly (unknown
+options are errors); budgets of schedulers count optimizer updates.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    """Base of every spec model: unknown fields are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no searcher
+
+
+# -- samplers ----------------------------------------------------------------------------
+
+
+class TPESamplerSpec(Strict):
+    name: Literal["tpe"]
+    seed: int | None = 0
+    n_startup_trials: int = Field(10, ge=0)
+    multivariate: bool = True
+    constant_liar: bool = True
+
+
+class RandomSamplerSpec(Strict):
+    name: Literal["random"]
+    seed: int | None = 0
+
+
+class GridSamplerSpec(Strict):
+    name: Literal["grid"]
+    seed: int | None = 0
+
+
+class GPSamplerSpec(Strict):
+    name: Literal["gp"]
+    seed: int | None = 0
+    n_startup_trials: int = Field(10, ge=0)
+
+
+class CmaEsSamplerSpec(Strict):
+    name: Literal["cmaes"]
+    seed: int | None = 0
+    n_startup_trials: int = Field(1, ge=0)
+    sigma0: float | None = Field(None, gt=0)
+
+
+class NSGA2SamplerSpec(Strict):
+    name: Literal["nsga2"]
+    seed: int | None = 0
+    population_size: int = Field(50, ge=2)
+
+
+SamplerSpec = Annotated[
+    TPESamplerSpec | RandomSamplerSpec | GridSamplerSpec | GPSamplerSpec | CmaEsSamplerSpec
+    | NSGA2SamplerSpec, Field(discriminator="name")]
+
+
+# -- Optuna pruners (for scheduler: optuna-pruner) ------------------------------------
+
+
+class MedianPrunerSpec(Strict):
+    name: Literal["median"]
+    n_startup_trials: int = Field(5, ge=0)
+    n_warmup_steps: int = Field(0, ge=0)
+    interval_steps: int = Field(1, ge=1)
+    n_min_trials: int = Field(1, ge=1)
+
+
+class PercentilePrunerSpec(Strict):
+    name: Literal["percentile"]
+    percentile: float = Field(..., ge=0, le=100)
+    n_startup_trials: int = Field(5, ge=0)
+    n_warmup_steps: int = Field(0, ge=0)
+    interval_steps: int = Field(1, ge=1)
+    n_min_trials: int = Field(1, ge=1)
+
+
+class SuccessiveHalvingPrunerSpec(Strict):
+    name: Literal["successive-halving"]
+    min_resource: int | Literal["auto"] = "auto"
+    reduction_factor: int = Field(4, ge=2)
+    min_early_stopping_rate: int = Field(0, ge=0)
+
+
+class HyperbandPrunerSpec(Strict):
+    name: Literal["hyperband"]
+    min_resource: int = Field(1, ge=1)
+    max_resource: int | Literal["auto"] = "auto"
+    reduction_factor: int = Field(3, ge=2)
+
+
+class WilcoxonPrunerSpec(Strict):
+    name: Literal["wilcoxon"]
+    p_threshold: float = Field(0.1, gt=0, lt=1)
+    n_startup_steps: int = Field(2, ge=0)
+
+
+class PatientPrunerSpec(Strict):
+    name: Literal["patient"]
+    patience: int = Field(..., ge=0)
+    min_delta: float = Field(0.0, ge=0)
+    wrapped: PrunerSpec | None = None
+
+
+PrunerSpec = Annotated[
+    MedianPrunerSpec | PercentilePrunerSpec | SuccessiveHalvingPrunerSpec | HyperbandPrunerSpec
+    | WilcoxonPrunerSpec | PatientPrunerSpec, Field(discriminator="name")]
+PatientPrunerSpec.model_rebuild()
+
+
+# -- Ray Tune schedulers (budgets in optimizer updates) -------------------------------
+
+
+class FifoSchedulerSpec(Strict):
+    name: Literal["fifo"]
+
+
+class AshaSchedulerSpec(Strict):
+    """Asynchronous successive halving (Li et al., 2020), Ray's ``AsyncHyperBandScheduler``."""
+
+    name: Literal["asha"]
+    max_t: int | None = Field(None, ge=1, description="default: the trials' planned updates")
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(4, gt=1)
+    brackets: int = Field(1, ge=1)
+
+
+class HyperbandSchedulerSpec(Strict):
+    """Synchronous Hyperband (Li et al., 2018), Ray's ``HyperBandScheduler`` (pauses trials)."""
+
+    name: Literal["hyperband"]
+    max_t: int | None = Field(None, ge=1)
+    reduction_factor: float = Field(3, gt=1)
+
+
+class MedianSchedulerSpec(Strict):
+    """Median stopping rule (Golovin et al., Vizier, 2017), Ray's ``MedianStoppingRule``."""
+
+    name: Literal["median"]
+    grace_period: int = Field(1, ge=0)
+    min_samples_required: int = Field(3, ge=1)
+    min_time_slice: int = Field(0, ge=0)
+    hard_stop: bool = True
+
+
+class PBTSchedulerSpec(Strict):
+    """Population based training (Jaderberg et al., 2017), Ray's ``PopulationBasedTraining``."""
+
+    name: Literal["pbt"]
+    perturbation_interval: int = Field(..., ge=1)
+    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
+    resample_probability: float = Field(0.25, ge=0, le=1)
+
+
+class PB2SchedulerSpec(Strict):
+    """Population based bandits (Parker-Holder et al., 2020), Ray's ``PB2``; numeric spaces."""
+
+    name: Literal["pb2"]
+    perturbation_interval: int = Field(..., ge=1)
+    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
+
+
+class OptunaPrunerSchedulerSpec(Strict):
+    """Any Optuna pruner, asked on every result by a small Ray ``TrialScheduler``."""
+
+    name: Literal["optuna-pruner"]
+    pruner: PrunerSpec
+
+
+SchedulerSpec = Annotated[
+    FifoSchedulerSpec | AshaSchedulerSpec | HyperbandSchedulerSpec | MedianSchedulerSpec
+    | PBTSchedulerSpec | PB2SchedulerSpec | OptunaPrunerSchedulerSpec,
+    Field(discriminator="name")]
