@@ -27,7 +27,10 @@ trial_user_attributes = sa.Table(
     "trial_user_attributes", _meta, sa.Column("trial_id", sa.Integer),
     sa.Column("key", sa.String), sa.Column("value_json", sa.Text))
 
-REQUEUED_ATTR = "requeued"  # hpo.record: a FAIL trial of a lost driver, run again
+REQUEUED_ATTR = "requeued"
+# An untyped SQL literal: PostgreSQL compares it with Optuna's enum column ("trialstate"),
+# where a bound VARCHAR parameter would be refused.
+_RUNNING = sa.literal_column("'RUNNING'")  # hpo.record: a FAIL trial of a lost driver, run again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +93,8 @@ def device_seconds(conn: sa.Connection, study_id: int, devices_held: float,
 
     The sum of the finished trials' ``device_seconds`` attribute, plus, for
     each RUNNING trial, the time since it started times ``devices_held`` (the
-    devices one trial holds): an estimate until the trial ends.
+    devices one trial holds): an estimate until the trial ends (a RUNNING trial
+    has no ``device_seconds`` yet: ``hpo.record`` writes it as the trial ends).
     """
     finished = conn.execute(
         sa.select(sa.func.coalesce(sa.func.sum(sa.cast(trial_user_attributes.c.value_json,
@@ -100,13 +104,10 @@ def device_seconds(conn: sa.Connection, study_id: int, devices_held: float,
         .where(trials.c.study_id == study_id, trial_user_attributes.c.key == "device_seconds")
     ).scalar_one()
     now = (now or dt.datetime.now(dt.UTC)).replace(tzinfo=None)
-    starts = conn.execute(sa.select(trials.c.datetime_start, trials.c.state)
-                          .where(trials.c.study_id == study_id,
-                                 trials.c.trial_id.not_in(
-                                     sa.select(trial_user_attributes.c.trial_id)
-                                     .where(trial_user_attributes.c.key == "device_seconds"))))
-    running = sum(max(0.0, (now - start).total_seconds()) for start, state in starts
-                  if start is not None and str(state).endswith("RUNNING"))
+    starts = conn.execute(sa.select(trials.c.datetime_start).where(
+        trials.c.study_id == study_id, trials.c.state == _RUNNING)).scalars()
+    running = sum(max(0.0, (now - start).total_seconds()) for start in starts
+                  if start is not None)
     return float(finished) + running * devices_held
 
 
