@@ -161,6 +161,8 @@ def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
             errors.append({"loc": "search_space", "msg": "the grid sampler needs parameters"})
     if scheduler in POPULATION_SCHEDULERS and not spec.search_space:
         errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
+    if scheduler in POPULATION_SCHEDULERS:
+        errors += _check_mutable_in_training(spec)
     if scheduler == "pb2":
         for name, param in spec.search_space.items():
             if isinstance(param, CategoricalParam):
@@ -198,4 +200,26 @@ def _check_warm_start(spec: StudySpec) -> list[dict]:
                 errors.append({"loc": loc, "msg": "not a parameter of the search space"})
             elif not in_distribution(spec.search_space[name], value):
                 errors.append({"loc": loc, "msg": f"{value!r} is outside the search space"})
+    return errors
+
+
+# TrainConfig fields a running trial can change from one checkpoint to the next (PBT's
+# exploit resumes the donor's checkpoint with new values); the optimizer type, EMA on/off
+# and model shapes cannot change that way.
+MUTABLE_IN_TRAINING = {"lr", "weight_decay", "momentum", "adam_beta1", "adam_beta2",
+                       "max_grad_norm", "min_lr_ratio", "warmup_steps", "micro_batch_size",
+                       "grad_accum_steps", "ema_decay", "eval_with_ema", "precision"}
+
+
+def _check_mutable_in_training(spec: StudySpec) -> list[dict]:
+    task_cls = trainers.get_task(spec.task)
+    allowed = MUTABLE_IN_TRAINING | set(task_cls.mutable_options)
+    errors = []
+    for name, param in spec.search_space.items():
+        ema_on_off = isinstance(param, CategoricalParam) and None in param.choices
+        if name not in allowed or ema_on_off:  # EMA state cannot appear or vanish on resume
+            errors.append({"loc": f"search_space.{name}",
+                           "msg": f"PBT changes hyperparameters while a trial trains; {name} "
+                                  f"cannot change mid-training (it may: "
+                                  f"{', '.join(sorted(allowed))})"})
     return errors

@@ -31,7 +31,8 @@ from trainers.data import read_json, write_atomically
 from trainers.errors import CheckpointError
 
 _NAME = re.compile(r"^checkpoint-(\d{8})$")
-_TMP = re.compile(r"^\.(tmp|trash)-.*-(\d+)-[0-9a-f]{8}$")
+_TMP = re.compile(r"^\.(tmp|trash)-.*-(?P<pid>\d+)-[0-9a-f]{8}$")
+_TMP_FILE = re.compile(r"^\..+\.(?P<pid>\d+)\.tmp$")  # trainers.data.write_atomically
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 BEST_FILE = "best.json"
@@ -74,11 +75,13 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def best_checkpoint(root: Path) -> Path | None:
-    """The checkpoint marked best under ``root``, or ``None``."""
+    """The checkpoint marked best under ``root``, or ``None`` (also when ``best.json`` is bad)."""
     best = Path(root) / BEST_FILE
-    if not best.is_file():
+    try:
+        step = int(read_json(best)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    path = Path(root) / f"checkpoint-{read_json(best)['step']:08d}"
+    path = Path(root) / f"checkpoint-{step:08d}"
     return path if (path / STATE_FILE).is_file() else None
 
 
@@ -134,10 +137,13 @@ def _prune(root: Path, keep_last: int) -> None:
     for _, path in found[:-keep_last]:
         if path != best:
             shutil.rmtree(path, ignore_errors=True)
-    for child in root.iterdir():
-        m = _TMP.match(child.name)
-        if m and int(m.group(2)) != os.getpid() and not _pid_alive(int(m.group(2))):
-            shutil.rmtree(child, ignore_errors=True)
+    for child in root.iterdir():  # leftovers of writers that died
+        m = _TMP.match(child.name) or _TMP_FILE.match(child.name)
+        if m and int(m.group("pid")) != os.getpid() and not _pid_alive(int(m.group("pid"))):
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -156,7 +162,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same to the caller
-        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
 
 
 def capture_rng() -> dict[str, Any]:

@@ -33,6 +33,11 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _option_name(field: str) -> str:
+    """How the CLI spells a field in messages: ``lr`` -> ``--lr``; ``--resume``, ``TASK`` as is."""
+    return field if field.startswith("-") or not field.islower() else _flag(field)
+
+
 def _value_type(info: FieldInfo):
     base = {"int": int, "float": float, "str": str}.get(info.kind)
 
@@ -112,11 +117,23 @@ def _resume_arg(argv: list[str]) -> Path | None:
 
 
 def _params_from_checkpoint(root: Path) -> tuple[str, dict[str, Any]]:
-    newest = root if (root / ckpt.META_FILE).is_file() else ckpt.latest_checkpoint(root)
+    """Task and parameters of the checkpoint to resume; new checkpoints go beside it.
+
+    The checkpoint's own ``checkpoint_dir`` is replaced by the root being resumed,
+    so that resuming a copy never writes into (and prunes) the original run.
+    """
+    is_checkpoint = (root / ckpt.META_FILE).is_file()
+    newest = root if is_checkpoint else ckpt.latest_checkpoint(root)
     if newest is None:
         raise ConfigError("--resume", f"no checkpoint under {root}")
-    meta = json.loads((newest / ckpt.META_FILE).read_text())
-    return meta["task"], {**meta["config"], **meta["options"]}
+    try:
+        meta = json.loads((newest / ckpt.META_FILE).read_text())
+        task, params = meta["task"], {**meta["config"], **meta["options"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError("--resume", f"unreadable checkpoint metadata in {newest}: "
+                                      f"{type(e).__name__}: {e}") from None
+    params["checkpoint_dir"] = str(root.parent if is_checkpoint else root)
+    return task, params
 
 
 def _summary(result: TrainResult, task: str, seconds: float) -> dict[str, Any]:
@@ -136,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if resume is not None:
             saved_task, params = _params_from_checkpoint(resume)
             if task_name not in (None, saved_task):
-                raise ConfigError("task",
+                raise ConfigError("TASK",
                                   f"checkpoint is of task {saved_task!r}, not {task_name!r}")
             task_name = saved_task
         if task_name is None:
@@ -144,13 +161,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("the task is required (or --resume DIR)")
         parser = build_parser(task_name)
         args = parser.parse_args(argv)
+        if args.summary_json is not None and not args.summary_json.parent.is_dir():
+            raise ConfigError("--summary-json", f"no such directory: {args.summary_json.parent}")
         reserved = {"task", "resume", "summary_json", "quiet"}
         params.update({k: v for k, v in vars(args).items() if k not in reserved})
         task, config = create(task_name, params)
     except UnknownTaskError as e:
         parser.error(str(e))
     except ConfigError as e:
-        parser.error(f"{_flag(e.field) if not e.field.startswith('-') else e.field}: {e.reason}")
+        parser.error(f"{_option_name(e.field)}: {e.reason}")
     main_rank = init_distributed_from_env() == 0
     started = time.perf_counter()
     try:
@@ -160,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                if config.checkpoint_dir else ""), file=sys.stderr)
         return 130
     except ConfigError as e:
-        parser.error(f"{_flag(e.field)}: {e.reason}")
+        parser.error(f"{_option_name(e.field)}: {e.reason}")
     except TrainersError as e:
         print(f"training failed: {e}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ objects, so the loop itself has no feature flags.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
@@ -61,6 +62,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _check_writable(directory: Path) -> None:
+    """Fail before training, not at the first checkpoint, when checkpoints cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError("checkpoint_dir", f"cannot write to {directory}: {e.strerror}") from None
+
+
 def _total_steps(config: TrainConfig, updates_per_epoch: int) -> int:
     limits = []
     if config.max_updates is not None:
@@ -99,6 +111,8 @@ def build_run(task: Task, config: TrainConfig) -> Run:
         info = dist_info(config.device)
     except ValueError as e:
         raise ConfigError("device", str(e)) from e
+    if config.checkpoint_dir is not None and info.is_main:
+        _check_writable(Path(config.checkpoint_dir))
     train_set, val_set = task.datasets(config.seed)
     seed_everything(config.seed)
     model = task.build_model(config).to(info.device)

@@ -85,7 +85,7 @@ class TrainConfig:
     early_stopping_min_delta: float = option(
         0.0, "an improvement must exceed this amount (>= 0)"
     )
-    seed: int = option(0, "seed of model init, data order, dropout (>= 0)")
+    seed: int = option(0, "seed of model init, data order, dropout, in [0, 2**32)")
 
     def __post_init__(self) -> None:
         positive = ["micro_batch_size", "grad_accum_steps", "eval_batch_size", "max_updates",
@@ -101,8 +101,9 @@ class TrainConfig:
         require(self.max_updates is not None or self.max_epochs is not None, "max_updates",
                 "set max_updates or max_epochs (or both)")
         require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-        require(self.init_loss_scale > 0, "init_loss_scale",
-                f"must be > 0, got {self.init_loss_scale}")
+        require(0 < self.init_loss_scale <= 2.0**127, "init_loss_scale",
+                f"must be in (0, 2**127] (fp32 range), got {self.init_loss_scale}")
+        require(self.seed < 2**32, "seed", f"must be < 2**32, got {self.seed}")
         for name in ["momentum", "adam_beta1", "adam_beta2"]:
             value = getattr(self, name)
             require(0 <= value < 1, name, f"must be in [0, 1), got {value}")

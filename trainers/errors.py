@@ -24,6 +24,9 @@ class ConfigError(TrainersError, ValueError):
         self.field = field
         self.reason = message
 
+    def __reduce__(self):  # picklable (Ray ships errors between processes)
+        return type(self), (self.field, self.reason)
+
 
 class UnknownTaskError(TrainersError, LookupError):
     """No built-in or installed task has this name."""
@@ -31,6 +34,10 @@ class UnknownTaskError(TrainersError, LookupError):
     def __init__(self, name: str, known: list[str]) -> None:
         super().__init__(f"unknown task {name!r}; known tasks: {', '.join(sorted(known))}")
         self.name = name
+        self.known = list(known)
+
+    def __reduce__(self):
+        return type(self), (self.name, self.known)
 
 
 class NonFiniteError(TrainersError, FloatingPointError):
@@ -54,6 +61,9 @@ class NonFiniteError(TrainersError, FloatingPointError):
         self.step = step
         self.quantity = quantity
         self.value = value
+
+    def __reduce__(self):
+        return type(self), (self.step, self.quantity, self.value)
 
 
 class CheckpointError(TrainersError):

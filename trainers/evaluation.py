@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from trainers.components import move_to
 from trainers.data import loader, micro_batches
 from trainers.distributed import DistInfo, all_reduce_sums
+from trainers.errors import TrainersError
 from trainers.tasks.base import Task
 
 
@@ -34,4 +35,6 @@ def evaluate(task: Task, model: nn.Module, dataset: Dataset, info: DistInfo,
             stats = task.eval_sums(model, move_to(batch, info.device))
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + float(value)
+    if not order and info.world_size == 1:
+        raise TrainersError(f"the validation set of task {task.name!r} is empty")
     return task.eval_metrics(all_reduce_sums(sums, info))

@@ -60,6 +60,7 @@ from trainers.distributed import (
     broadcast_flag,
     gather_objects,
 )
+from trainers.ema import EMA
 from trainers.errors import CheckpointError, NonFiniteError
 from trainers.evaluation import evaluate
 from trainers.fields import to_dict
@@ -149,9 +150,10 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
     reporter = reporter or NullReporter()
     run = build_run(task, config)
     state = TrainState()
+    window = Window()
     if resume_from is not None:
-        _restore(run, state, ckpt.load_checkpoint(Path(resume_from)))
-    loop = _Loop(run, state, reporter)
+        window = _restore(run, state, ckpt.load_checkpoint(Path(resume_from)))
+    loop = _Loop(run, state, reporter, window)
     loop.train()
     return TrainResult(
         metrics=loop.history[-1] if loop.history else {}, history=loop.history,
@@ -165,9 +167,9 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
 class _Loop:
     """The loop's mutable state and its three actions: update, evaluate, checkpoint."""
 
-    def __init__(self, run: Run, state: TrainState, reporter: Reporter) -> None:
+    def __init__(self, run: Run, state: TrainState, reporter: Reporter, window: Window) -> None:
         self.run, self.state, self.reporter = run, state, reporter
-        self.window = Window()
+        self.window = window
         self.history: list[dict[str, float]] = []
         self.started = time.perf_counter()
         self.last_eval: tuple[int, int] | None = None
@@ -375,35 +377,55 @@ class _Loop:
             "scaler": run.scaler.state_dict(),
             "ema": run.ema.state_dict() if run.ema is not None else None,
             "trainer": dataclasses.asdict(self.state),
+            "window": dataclasses.asdict(self.window),  # train_loss since the last evaluation
             "rng": self.rng_snapshot,
         }
         return ckpt.save_checkpoint(run.checkpoint_root, self.state.step, state, meta,
                                     run.config.keep_last_checkpoints)
 
 
-def _restore(run: Run, state: TrainState, saved: dict[str, Any]) -> None:
-    """Load a checkpoint's state into a freshly built run."""
+def _restore(run: Run, state: TrainState, saved: dict[str, Any]) -> Window:
+    """Load a checkpoint's state into a freshly built run; return the metrics window.
+
+    Raises:
+        CheckpointError: the checkpoint is incomplete, or does not fit this
+            run (another model, optimizer or number of ranks).
+    """
+    try:
+        _check_compatible(run, saved)
+        run.model.load_state_dict(saved["model"])
+        run.optimizer.load_state_dict(saved["optimizer"])
+        run.scheduler.load_state_dict(saved["scheduler"])
+        if saved["scaler"]:
+            run.scaler.load_state_dict(saved["scaler"])
+        if run.ema is not None and saved["ema"] is not None:
+            run.ema.load_state_dict(saved["ema"])
+        elif run.ema is not None:  # EMA switched on at resume: start from the loaded weights
+            run.ema = EMA(run.model, run.config.ema_decay)
+        trainer, rng, window = saved["trainer"], saved["rng"], saved.get("window")
+    except CheckpointError:
+        raise
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        raise CheckpointError(f"checkpoint does not fit this run: {type(e).__name__}: {e}") from e
+    apply_config_hyperparameters(run)
+    for key, value in trainer.items():
+        setattr(state, key, value)
+    state.stop_reason = None
+    if rng is not None:
+        ckpt.restore_rng(rng[run.dist.rank])
+    return Window(**window) if window else Window()
+
+
+def _check_compatible(run: Run, saved: dict[str, Any]) -> None:
     if saved.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"unsupported checkpoint format {saved.get('format')!r}")
     if saved["world_size"] != run.dist.world_size:
         raise CheckpointError(f"checkpoint was written by {saved['world_size']} ranks, "
                               f"this run has {run.dist.world_size}")
-    try:
-        run.model.load_state_dict(saved["model"])
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint does not fit this model: {e}") from e
-    run.optimizer.load_state_dict(saved["optimizer"])
-    run.scheduler.load_state_dict(saved["scheduler"])
-    if saved["scaler"]:
-        run.scaler.load_state_dict(saved["scaler"])
-    if run.ema is not None and saved["ema"] is not None:
-        run.ema.load_state_dict(saved["ema"])
-    apply_config_hyperparameters(run)
-    for key, value in saved["trainer"].items():
-        setattr(state, key, value)
-    state.stop_reason = None
-    if saved["rng"] is not None:
-        ckpt.restore_rng(saved["rng"][run.dist.rank])
+    before = saved["config"]["optimizer"]
+    if before != run.config.optimizer:
+        raise CheckpointError(f"checkpoint holds {before} optimizer state; it cannot resume "
+                              f"with optimizer={run.config.optimizer}")
 
 
 def _clip(model: nn.Module, max_norm: float | None) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from trainers.checkpoint import (
     list_checkpoints,
     load_checkpoint,
 )
-from trainers.errors import CheckpointError
+from trainers.errors import CheckpointError, ConfigError, NonFiniteError, UnknownTaskError
 
 REPO = Path(__file__).resolve().parents[2]
 OPTIONS = RegressionOptions(n_samples=64, dropout=0.3, batch_norm=True)
@@ -151,7 +152,7 @@ def test_resume_from_nothing_is_a_clear_error(tmp_path):
 
 def test_resume_into_a_different_model_is_a_clear_error(tmp_path):
     fit(RegressionTask(), _config(tmp_path, max_updates=1))
-    with pytest.raises(CheckpointError, match="does not fit this model"):
+    with pytest.raises(CheckpointError, match="does not fit this run"):
         fit(RegressionTask(RegressionOptions(hidden=3)), _config(tmp_path, max_updates=2),
             resume_from=tmp_path)
 
@@ -165,3 +166,60 @@ def test_resume_with_changed_lr_takes_the_new_lr_at_the_same_schedule_position(t
         resume_from=tmp_path)
     assert after.reports[0]["step"] == 4
     assert after.reports[0]["lr"] == pytest.approx(0.01)
+
+
+def test_resume_with_another_optimizer_is_a_clear_error(tmp_path):
+    fit(RegressionTask(), _config(tmp_path, max_updates=2))
+    with pytest.raises(CheckpointError, match="adamw optimizer state.*optimizer=sgd"):
+        fit(RegressionTask(), _config(tmp_path, max_updates=4, optimizer="sgd"),
+            resume_from=tmp_path)
+
+
+def test_ema_switched_on_at_resume_starts_from_the_loaded_weights(tmp_path):
+    first = fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=4, ema_decay=None))
+    resumed = fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=4, ema_decay=0.9),
+                  resume_from=tmp_path)  # no update left: the EMA is the loaded model
+    for a, b in zip(first.model.state_dict().values(),
+                    resumed.ema_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_train_loss_window_survives_a_mid_window_checkpoint(tmp_path):
+    # evaluations every 4 updates, checkpoints every 3: resuming from update 3 must still
+    # report the mean over updates 1-4 at update 4
+    cfg = dict(eval_interval=4, checkpoint_interval=3, max_updates=8)
+    full = ListReporter()
+    fit(RegressionTask(OPTIONS), _config(tmp_path / "full", **cfg), full)
+
+    checkpoint_3 = tmp_path / "full" / "checkpoint-00000003"
+    resumed = ListReporter()
+    fit(RegressionTask(OPTIONS), _config(tmp_path / "again", **cfg), resumed,
+        resume_from=checkpoint_3)
+    assert resumed.reports[0]["step"] == 4
+    assert resumed.reports[0]["train_loss"] == pytest.approx(full.reports[0]["train_loss"],
+                                                             rel=1e-6)
+
+
+def test_bad_best_json_and_dead_writers_leftovers_do_not_break_saving(tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "best.json").write_text("garbage")
+    (tmp_path / ".best.json.999999.tmp").write_text("{}")  # a writer that died
+    fit(RegressionTask(), _config(tmp_path, max_updates=3))
+    assert best_checkpoint(tmp_path) is not None
+    assert not (tmp_path / ".best.json.999999.tmp").exists()
+
+
+def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError) as info:
+        fit(RegressionTask(), _config(blocker / "sub", max_updates=3))
+    assert info.value.field == "checkpoint_dir"
+
+
+def test_errors_survive_pickling():
+    # Ray ships a trial's exception to the driver by pickling it
+    for error in [ConfigError("lr", "must be > 0"), NonFiniteError(3, "loss", float("nan")),
+                  UnknownTaskError("x", ["digits"]), CheckpointError("gone")]:
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error)

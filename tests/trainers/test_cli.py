@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,23 @@ def test_train_then_resume(tmp_path):
     assert second["n_updates"] == 69
     assert [line.split("|")[0].strip() for line in proc.stdout.splitlines() if "|" in line] == [
         "step     69"]
+
+
+def test_resuming_a_copy_writes_into_the_copy_only(tmp_path):
+    original, copy = tmp_path / "orig", tmp_path / "copy"
+    assert _cli("digits", "--max-updates", "10", "--max-epochs", "none", "--eval-interval", "5",
+                "--checkpoint-dir", str(original), "--quiet").returncode == 0
+    shutil.copytree(original, copy)
+    before = sorted(p.name for p in original.iterdir())
+    proc = _cli("--resume", str(copy), "--max-updates", "20", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in original.iterdir()) == before
+    assert (copy / "checkpoint-00000020").is_dir()
+
+
+def test_resume_with_another_optimizer_fails_with_a_message(tmp_path):
+    assert _cli("digits", "--max-updates", "2", "--max-epochs", "none", "--checkpoint-dir",
+                str(tmp_path), "--quiet").returncode == 0
+    proc = _cli("--resume", str(tmp_path), "--optimizer", "sgd", "--max-updates", "4")
+    assert proc.returncode == 1 and "training failed" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -103,3 +103,17 @@ def test_config_validation_names_the_field():
         create("digits", {"lr": "fast"})
     with pytest.raises(ConfigError, match="lr"):
         create("digits", {"lr": float("nan")})
+
+
+def test_charlm_corpus_too_small_or_too_varied_is_named(tmp_path):
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("abc")
+    with pytest.raises(ConfigError) as info:
+        create("charlm", {"corpus": str(tiny)})
+    assert info.value.field == "corpus" and "too small" in info.value.reason
+    wide = tmp_path / "wide.txt"
+    wide.write_text("".join(chr(c) for c in range(0x10000, 0x10000 + 70_000)))
+    task, _ = create("charlm", {"corpus": str(wide), "cache_dir": str(tmp_path / "cache")})
+    with pytest.raises(ConfigError, match="distinct characters"):
+        task.corpus()
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp-")]

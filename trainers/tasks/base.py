@@ -45,6 +45,9 @@ class Task(abc.ABC):
         item_unit: ``"sample"`` or ``"token"``: what ``n_items`` counts and the
             loss is averaged over. With ``"token"`` the loop reports tokens/s.
         default_config: ``TrainConfig`` values with which the task trains well.
+        mutable_options: options that may change when a run resumes from a
+            checkpoint (they change no parameter shape), e.g. dropout; PBT may
+            mutate only these and the optimizer's hyperparameters.
     """
 
     name: ClassVar[str]
@@ -53,6 +56,7 @@ class Task(abc.ABC):
     objective: ClassVar[str]
     item_unit: ClassVar[Literal["sample", "token"]] = "sample"
     default_config: ClassVar[Mapping[str, Any]] = {}
+    mutable_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()

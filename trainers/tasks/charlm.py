@@ -40,6 +40,7 @@ from torch.utils.data import Dataset
 
 from trainers.config import TrainConfig
 from trainers.data import ContiguousBlocks, TokenWindows
+from trainers.errors import ConfigError
 from trainers.fields import option, require
 from trainers.tasks.base import Task
 
@@ -75,6 +76,17 @@ class CharLMOptions:
                 f"must be >= 1, got {self.max_eval_blocks}")
         if self.corpus is not None:
             require(Path(self.corpus).is_file(), "corpus", f"no such file: {self.corpus}")
+            # UTF-8 needs at least one byte per character: a smaller file is surely too small
+            need = min_corpus_chars(self.block_size, self.val_fraction)
+            size = Path(self.corpus).stat().st_size
+            require(size >= need, "corpus", f"{size} bytes is too small for block_size "
+                                            f"{self.block_size} and val_fraction "
+                                            f"{self.val_fraction}: need {need} characters")
+
+
+def min_corpus_chars(block_size: int, val_fraction: float) -> int:
+    """Characters a corpus needs: one training window and one validation block."""
+    return math.ceil((block_size + 2) / val_fraction) + block_size + 2
 
 
 # -- corpus ----------------------------------------------------------------------------
@@ -117,20 +129,28 @@ def load_corpus(files: list[Path], cache_dir: Path) -> Corpus:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
-        text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        vocab_codes = np.unique(codes)
-        if len(vocab_codes) > 65535:
-            raise ValueError(f"corpus has {len(vocab_codes)} distinct characters; at most 65535")
-        np.searchsorted(vocab_codes, codes).astype(np.uint16).tofile(tmp / "tokens.u16")
-        vocab = "".join(map(chr, vocab_codes.tolist()))
-        (tmp / "vocab.json").write_text(json.dumps(vocab))
         try:
+            _tokenize(files, tmp)
             os.rename(tmp, final)
         except OSError:  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
+        except ConfigError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     vocab = json.loads((final / "vocab.json").read_text())
     return Corpus(np.memmap(final / "tokens.u16", dtype=np.uint16, mode="r"), vocab)
+
+
+def _tokenize(files: list[Path], out: Path) -> None:
+    text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    if not text:
+        raise ConfigError("corpus", "the corpus is empty")
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    vocab_codes = np.unique(codes)
+    if len(vocab_codes) > 65535:
+        raise ConfigError("corpus", f"{len(vocab_codes)} distinct characters; at most 65535")
+    np.searchsorted(vocab_codes, codes).astype(np.uint16).tofile(out / "tokens.u16")
+    (out / "vocab.json").write_text(json.dumps("".join(map(chr, vocab_codes.tolist()))))
 
 
 # -- model -----------------------------------------------------------------------------
@@ -217,6 +237,7 @@ class CharLMTask(Task):
     metrics: Mapping[str, str] = {"val_loss": "minimize", "val_bpc": "minimize"}
     objective = "val_loss"
     item_unit = "token"
+    mutable_options = frozenset({"dropout"})
     default_config = {"micro_batch_size": 32, "lr": 3e-3, "weight_decay": 0.1,
                       "max_updates": 300, "max_epochs": None, "warmup_steps": 30,
                       "eval_interval": 100, "schedule": "cosine", "adam_beta2": 0.99}
@@ -230,6 +251,11 @@ class CharLMTask(Task):
         o = self.options
         corpus = self.corpus()
         self.vocab_size = len(corpus.vocab)
+        need = min_corpus_chars(o.block_size, o.val_fraction)
+        if len(corpus.tokens) < need:
+            raise ConfigError("corpus", f"{len(corpus.tokens)} characters is too small for "
+                                        f"block_size {o.block_size} and val_fraction "
+                                        f"{o.val_fraction}: need {need}")
         split = int(len(corpus.tokens) * (1 - o.val_fraction))
         train = TokenWindows(corpus.tokens[:split], o.block_size, o.windows_per_epoch, seed)
         val = ContiguousBlocks(corpus.tokens[split:], o.block_size, o.max_eval_blocks)

@@ -77,6 +77,7 @@ class DigitsTask(Task):
     Options = DigitsOptions
     metrics: Mapping[str, str] = {"val_loss": "minimize", "val_accuracy": "maximize"}
     objective = "val_accuracy"
+    mutable_options = frozenset({"dropout"})
     default_config = {"micro_batch_size": 64, "lr": 3e-3, "weight_decay": 1e-4,
                       "max_epochs": 20, "warmup_steps": 20, "schedule": "cosine"}
 
