@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class Strict(BaseModel):
@@ -25,7 +25,7 @@ POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no s
 
 class TPESamplerSpec(Strict):
     name: Literal["tpe"]
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, lt=2**32)
     n_startup_trials: int = Field(10, ge=0)
     multivariate: bool = True
     constant_liar: bool = True
@@ -33,30 +33,30 @@ class TPESamplerSpec(Strict):
 
 class RandomSamplerSpec(Strict):
     name: Literal["random"]
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, lt=2**32)
 
 
 class GridSamplerSpec(Strict):
     name: Literal["grid"]
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, lt=2**32)
 
 
 class GPSamplerSpec(Strict):
     name: Literal["gp"]
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, lt=2**32)
     n_startup_trials: int = Field(10, ge=0)
 
 
 class CmaEsSamplerSpec(Strict):
     name: Literal["cmaes"]
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, lt=2**32)
     n_startup_trials: int = Field(1, ge=0)
     sigma0: float | None = Field(None, gt=0)
 
 
 class NSGA2SamplerSpec(Strict):
     name: Literal["nsga2"]
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, lt=2**32)
     population_size: int = Field(50, ge=2)
 
 
@@ -97,6 +97,14 @@ class HyperbandPrunerSpec(Strict):
     min_resource: int = Field(1, ge=1)
     max_resource: int | Literal["auto"] = "auto"
     reduction_factor: int = Field(3, ge=2)
+
+    @field_validator("max_resource")
+    @classmethod
+    def _max_resource(cls, v, info: ValidationInfo):
+        low = info.data.get("min_resource")
+        if isinstance(v, int) and low is not None and v < low:
+            raise ValueError(f"must be >= min_resource ({low}), got {v}")
+        return v
 
 
 class WilcoxonPrunerSpec(Strict):

@@ -15,7 +15,9 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -43,7 +45,7 @@ def _group() -> None:
 
 
 def _fail_spec(e: SpecError) -> None:
-    err.print(f"[bold red]invalid spec[/] ({len(e.errors)} problem(s)):")
+    err.print(f"\n[bold red]invalid spec[/] ({len(e.errors)} problem(s)):")
     for problem in e.errors:
         err.print(f"  {problem['loc'] or '<spec>'}: {problem['msg']}", markup=False)
     raise typer.Exit(2)
@@ -69,20 +71,35 @@ def run(
     except SpecError as e:
         _fail_spec(e)
     from hpo.progress import LiveProgress
-    from hpo.tune.driver import run_study
+    from hpo.tune.driver import init_ray, run_study
 
+    interrupted = threading.Event()
     try:
-        with LiveProgress(spec.budget.n_trials, err) as progress:
-            result = run_study(spec, storage, ray_address=ray_address, results_dir=results_dir,
-                               num_cpus=num_cpus, on_change=progress.update)
+        init_ray(ray_address, num_cpus)  # first: Ray takes SIGTERM's handler when it starts
+        handlers = {sig: signal.signal(sig, lambda *_: interrupted.set())
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with LiveProgress(spec.budget.n_trials, err) as progress:
+                result = run_study(spec, storage, ray_address=ray_address,
+                                   results_dir=results_dir, num_cpus=num_cpus,
+                                   on_change=progress.update,
+                                   should_interrupt=interrupted.is_set)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     except SpecError as e:
         _fail_spec(e)
     except HpoError as e:
-        err.print(f"[bold red]error:[/] {e}", markup=True)
+        err.print(f"\n[bold red]error:[/] {e}", markup=True)
         raise typer.Exit(1) from None
     c = result.counts
+    if result.interrupted:
+        err.print(f"\ninterrupted: {c.running} running trial(s) left with their checkpoints; "
+                  "run the same command again to continue the study")
+        raise typer.Exit(130)
+    requeued = f", {c.requeued} requeued" if c.requeued else ""
     out.print(f"study {result.name}: {c.finished} trials finished "
-              f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed)")
+              f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed{requeued})")
     if result.best_number is None:
         out.print("no complete trial")
         return

@@ -26,6 +26,9 @@ class SpecError(HpoError, ValueError):
         super().__init__("; ".join(f"{e['loc']}: {e['msg']}" if e["loc"] else e["msg"]
                                    for e in self.errors))
 
+    def __reduce__(self):  # picklable, like every error that may cross a process boundary
+        return type(self), (self.errors,)
+
     @classmethod
     def at(cls, loc: str, msg: str) -> SpecError:
         return cls([{"loc": loc, "msg": msg}])
@@ -37,6 +40,10 @@ class StorageError(HpoError):
 
 class StudyExistsError(HpoError):
     """A study of this name already exists (and the caller asked for a new one)."""
+
+
+class StudyBusyError(HpoError):
+    """Another live driver is running this study (see ``hpo.lease``)."""
 
 
 class StudyNotFoundError(HpoError, LookupError):

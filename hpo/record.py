@@ -68,15 +68,17 @@ class Orphan:
 
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """Trials of the study by state."""
+    """Trials of the study by state; ``failed`` excludes requeued trials, counted apart."""
 
     complete: int = 0
     pruned: int = 0
     failed: int = 0
     running: int = 0
+    requeued: int = 0
 
     @property
     def finished(self) -> int:
+        """Trials that count against ``budget.n_trials``."""
         return self.complete + self.pruned + self.failed
 
 
@@ -165,7 +167,7 @@ class StudyRecord:
     def requeue(self, orphan: Orphan, reason: str) -> None:
         """End an orphan FAIL with ``reason`` and enqueue its parameters to run again.
 
-        A requeued trial does not count against the budget (``budget_used``).
+        A requeued trial does not count against the budget (``Counts.finished``).
         """
         self.storage.set_trial_user_attr(orphan.trial_id, "fail_reason", reason)
         self.storage.set_trial_user_attr(orphan.trial_id, "requeued", True)
@@ -194,11 +196,6 @@ class StudyRecord:
         exploits = self.storage.get_trial(t.trial_id).user_attrs.get("exploits", [])
         self.storage.set_trial_user_attr(t.trial_id, "exploits", [*exploits, entry])
         self.storage.set_trial_user_attr(t.trial_id, "params_now", new)
-
-    def budget_used(self) -> int:
-        """Finished trials that count against ``budget.n_trials`` (requeued ones do not)."""
-        return sum(1 for t in self.study.get_trials(deepcopy=False, states=TERMINAL)
-                   if not t.user_attrs.get("requeued"))
 
     def checkpointed(self, ray_trial_id: str, location: str) -> None:
         """Remember a trial's newest persisted checkpoint (what a new driver resumes from)."""
@@ -291,7 +288,8 @@ class StudyRecord:
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
             return self.fail(ray_trial_id, f"objective is {bad[0]} (not finite)")
-        self._finish(t, TrialState.COMPLETE, values, {"stop_reason": last.get("stop_reason")})
+        reason = last.get("stop_reason") or "reached its planned updates"
+        self._finish(t, TrialState.COMPLETE, values, {"stop_reason": reason})
         return TrialState.COMPLETE
 
     def fail(self, ray_trial_id: str, reason: str) -> TrialState:
@@ -347,8 +345,10 @@ class StudyRecord:
 
     def counts(self) -> Counts:
         """Trials of the study by state, from the storage."""
-        states = [t.state for t in self.study.get_trials(deepcopy=False)]
+        trials = self.study.get_trials(deepcopy=False)
+        states = [t.state for t in trials]
+        requeued = sum(1 for t in trials if t.user_attrs.get("requeued"))
         return Counts(complete=states.count(TrialState.COMPLETE),
                       pruned=states.count(TrialState.PRUNED),
-                      failed=states.count(TrialState.FAIL),
-                      running=states.count(TrialState.RUNNING))
+                      failed=states.count(TrialState.FAIL) - requeued,
+                      running=states.count(TrialState.RUNNING), requeued=requeued)

@@ -159,9 +159,11 @@ class CategoricalParam(Strict):
     def _choices(cls, v: list[Any]) -> list[Any]:
         if not v:
             raise ValueError("must not be empty")
-        keys = [(type(c).__name__, c) for c in v]
-        if len(set(map(repr, keys))) != len(keys):
-            raise ValueError(f"must not repeat a value, got {v}")
+        for i, c in enumerate(v):
+            # Optuna finds a choice by ==: 1, 1.0 and True would be one choice
+            if any(c == other for other in v[:i]):
+                raise ValueError(f"{c!r} equals an earlier choice (Optuna compares choices "
+                                 f"with ==: 1, 1.0 and True are the same); got {v}")
         for c in v:
             if isinstance(c, float) and not math.isfinite(c):
                 raise ValueError(f"must be finite numbers, got {c}")
@@ -185,9 +187,9 @@ class Objective(Strict):
 
 
 class Budget(Strict):
-    n_trials: int = Field(..., ge=1, le=100_000)
-    timeout_s: float | None = Field(None, gt=0)
-    max_concurrent_trials: int = Field(1, ge=1, le=1024)
+    n_trials: StrictInt = Field(..., ge=1, le=100_000)
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    max_concurrent_trials: StrictInt = Field(1, ge=1, le=1024)
 
 
 class Resources(Strict):
@@ -197,9 +199,9 @@ class Resources(Strict):
     which only the nodes started with them provide.
     """
 
-    cpus: float = Field(1.0, gt=0, le=1024)
-    gpus: float = Field(0.0, ge=0, le=64)
-    workers: int = Field(1, ge=1, le=1024)
+    cpus: float = Field(1.0, gt=0, le=1024, allow_inf_nan=False)
+    gpus: float = Field(0.0, ge=0, le=64, allow_inf_nan=False)
+    workers: StrictInt = Field(1, ge=1, le=1024)
     custom: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("custom")
@@ -224,7 +226,7 @@ class WarmStartStudy(Strict):
     """Try first the ``top_k`` best COMPLETE trials of an earlier study in the same storage."""
 
     study: str = Field(..., pattern=NAME_PATTERN)
-    top_k: int = Field(5, ge=1, le=1000)
+    top_k: StrictInt = Field(5, ge=1, le=1000)
 
 
 class WarmStartPoint(Strict):
@@ -249,7 +251,7 @@ class StudySpec(Strict):
     scheduler: SchedulerSpec = Field(default_factory=lambda: FifoSchedulerSpec(name="fifo"))
     budget: Budget
     resources: Resources = Field(default_factory=Resources)
-    max_failures: int = Field(0, ge=0, le=100)
+    max_failures: StrictInt = Field(0, ge=0, le=100)
     warm_start: list[WarmStart] = Field(default_factory=list, max_length=1000)
 
     @property
@@ -267,15 +269,22 @@ class StudySpec(Strict):
 
 
 _UNION_FIELDS = {"sampler", "scheduler", "pruner", "wrapped"}
+_MEMBER_NAMES = {"Objective", "list[Objective]", "WarmStartStudy", "WarmStartPoint",
+                 "bool", "int", "float", "str", "none"}
 
 
 def _loc(parts: tuple) -> str:
-    """Dotted path of a pydantic error, without the tags pydantic adds for tagged unions."""
+    """Dotted path of a pydantic error, without the names pydantic adds for union members
+    (tags of tagged unions, model and type names of plain ones)."""
     out: list[str] = []
     for i, part in enumerate(parts):
-        is_tag = i + 1 < len(parts) and isinstance(part, str) and i > 0 and (
-            parts[i - 1] in _UNION_FIELDS or (i == 2 and parts[0] == "search_space"))
-        if not is_tag:
+        inner = i > 0 and i + 1 < len(parts) and isinstance(part, str)
+        is_tag = inner and (parts[i - 1] in _UNION_FIELDS
+                            or (i == 2 and parts[0] == "search_space"))
+        is_member = i > 0 and isinstance(part, str) and part in _MEMBER_NAMES and (
+            parts[i - 1] in ("objective", "choices", "params")
+            or isinstance(parts[i - 1], int))
+        if not (is_tag or is_member):
             out.append(str(part))
     return ".".join(out)
 
@@ -317,9 +326,11 @@ def load_spec(path: str | Path, *, check_task: bool = True) -> StudySpec:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError.at("", f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError.at("", f"{path} is not UTF-8 text: {e}") from None
     return parse_spec(parse_text(text, json_only=path.suffix == ".json"), check_task=check_task)
 
 
@@ -330,6 +341,20 @@ def parse_text(text: str, *, json_only: bool = False) -> Any:
         SpecError: the text is not valid JSON/YAML.
     """
     try:
-        return json.loads(text) if json_only else yaml.safe_load(text)
+        return json.loads(text) if json_only else yaml.load(text, Loader=_UniqueKeyLoader)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise SpecError.at("", f"not valid {'JSON' if json_only else 'YAML'}: {e}") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping key given twice (it keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

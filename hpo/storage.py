@@ -63,7 +63,8 @@ def open_storage(url: str = DEFAULT_STORAGE_URL) -> optuna.storages.RDBStorage:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
     except StorageError:
         raise
-    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, ValueError, OSError) as e:
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, ValueError, OSError,
+            ImportError) as e:  # ImportError: the URL's database driver is not installed
         raise StorageError(f"cannot open storage {redact(url)}: {e}") from e
 
 

@@ -189,6 +189,10 @@ def in_distribution(param, value: Any) -> bool:
 
 def _check_warm_start(spec: StudySpec) -> list[dict]:
     errors = []
+    most = sum(e.top_k if isinstance(e, WarmStartStudy) else 1 for e in spec.warm_start)
+    if most > spec.budget.n_trials:
+        errors.append({"loc": "warm_start", "msg": f"up to {most} points (counting top_k) "
+                       f"but budget.n_trials is {spec.budget.n_trials}: some would never run"})
     for i, entry in enumerate(spec.warm_start):
         if isinstance(entry, WarmStartStudy):
             if spec.scheduler.name in POPULATION_SCHEDULERS:

@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+DEFAULT_GCS_PORT = 6379
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
 
@@ -27,8 +28,10 @@ def ray_start_command(address: str, *, num_gpus: int | None = None,
         WorkerOptionError: the address is not HOST:PORT, or ``resources`` is not
             a JSON object of positive numbers.
     """
+    if ":" not in address:
+        address = f"{address}:{DEFAULT_GCS_PORT}"
     if not _ADDRESS.match(address) or not 0 < int(address.rsplit(":", 1)[1]) < 65536:
-        raise WorkerOptionError("--address", f"expected HOST:PORT, got {address!r}")
+        raise WorkerOptionError("--address", f"expected HOST or HOST:PORT, got {address!r}")
     ray = str(Path(sys.executable).parent / "ray")
     command = [ray, "start", f"--address={address}"]
     if num_gpus is not None:
@@ -44,6 +47,10 @@ def ray_start_command(address: str, *, num_gpus: int | None = None,
                 isinstance(v, int | float) and not isinstance(v, bool) and v > 0
                 for v in parsed.values()):
             raise WorkerOptionError("--resources", "expected a JSON object of positive numbers")
+        builtin = sorted(k for k in parsed if k.upper() in ("CPU", "GPU", "MEMORY"))
+        if builtin:
+            raise WorkerOptionError("--resources", f"{builtin[0]} is not a custom resource; "
+                                                   "use --num-cpus / --num-gpus")
         command.append(f"--resources={json.dumps(parsed)}")
     if block:
         command.append("--block")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from ray.tune.search import BasicVariantGenerator
 
 import trainers
 from hpo.errors import ClusterError, SpecError
+from hpo.lease import DriverLease
 from hpo.record import Counts, Orphan, StudyRecord
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 from hpo.storage import open_storage
@@ -27,15 +29,18 @@ from hpo.tune.pbt import param_space as pbt_param_space
 from hpo.tune.schedulers import build_scheduler
 from hpo.tune.searcher import StudySearcher
 from hpo.tune.trainable import TrialSetup, train_trial
-from hpo.warmstart import enqueue_warm_start
+from hpo.warmstart import enqueue_warm_start, warm_start_points
 
 DEFAULT_RESULTS_DIR = "hpo-runs"
 
 # Ray Tune's own console reporter would interleave with ours; its legacy reporter at
 # verbose=0 prints nothing. Its warning about frequent experiment snapshots (we
-# checkpoint at every report, on purpose) is noise here.
+# checkpoint at every report, on purpose) is noise here. Its SIGINT handler would
+# end trials as if finished: the caller decides what an interruption means
+# (``should_interrupt``).
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +50,7 @@ class StudyOutcome:
     name: str
     counts: Counts
     stopped: bool
+    interrupted: bool
     best_number: int | None
     best_value: float | None
     best_params: dict | None
@@ -110,27 +116,30 @@ def build_trainable(spec: StudySpec, results_dir: Path):
 
 
 class StopWhen(tune.Stopper):
-    """Stops the whole experiment when ``should_stop()`` turns true (a user's stop request).
-
-    Tune checks it on every step of its loop, so running trials end within seconds.
+    """Stops the whole experiment when a user asks (``should_stop``) or the driver is
+    interrupted (``should_interrupt``). Tune checks it on every step of its loop, so
+    running trials end within seconds.
     """
 
-    def __init__(self, should_stop: Callable[[], bool]) -> None:
-        self.should_stop = should_stop
-        self.stopped = False
+    def __init__(self, should_stop: Callable[[], bool],
+                 should_interrupt: Callable[[], bool]) -> None:
+        self.should_stop, self.should_interrupt = should_stop, should_interrupt
+        self.stopped = self.interrupted = False
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         return False
 
-    def __getstate__(self) -> dict:  # Tune pickles the run config; a callable is not state
-        return {"stopped": self.stopped}
+    def __getstate__(self) -> dict:  # Tune pickles the run config; callables are not state
+        return {"stopped": self.stopped, "interrupted": self.interrupted}
 
     def __setstate__(self, state: dict) -> None:
-        self.stopped, self.should_stop = state["stopped"], lambda: False
+        self.__dict__.update(state)
+        self.should_stop = self.should_interrupt = lambda: False
 
     def stop_all(self) -> bool:
-        self.stopped = self.stopped or bool(self.should_stop())
-        return self.stopped
+        self.interrupted = self.interrupted or bool(self.should_interrupt())
+        self.stopped = self.stopped or (not self.interrupted and bool(self.should_stop()))
+        return self.stopped or self.interrupted
 
 
 def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
@@ -171,8 +180,13 @@ def pins_dir(spec: StudySpec, results_dir: Path) -> Path:
 def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = None,
               results_dir: str | Path = DEFAULT_RESULTS_DIR, num_cpus: int | None = None,
               on_change: Callable[[StudyRecord], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> StudyOutcome:
+              should_stop: Callable[[], bool] | None = None,
+              should_interrupt: Callable[[], bool] | None = None) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
+
+    Runtime checks (the cluster can hold a trial, warm-start sources, scheduler
+    budgets against the trials' planned updates) happen before a new study is
+    stored. One driver runs a study at a time (``hpo.lease``).
 
     Args:
         spec: a validated spec (``hpo.spec.load_spec``).
@@ -185,26 +199,82 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         should_stop: polled while the study runs; when it returns true, every
             running trial is stopped and recorded as stopped by the user
             (PRUNED, ``stopped_by: user``, unless it had trained to its end).
+        should_interrupt: polled likewise; when it returns true the driver stops
+            and leaves its running trials RUNNING with their checkpoints, to be
+            resumed by the next driver of the study (Ctrl-C, a service shutdown).
 
     Raises:
-        SpecError: the cluster cannot hold one trial.
+        SpecError: the cluster cannot hold one trial, a warm-start source is
+            unusable, or a scheduler budget does not fit the trials.
         StudyExistsError: a study of the same name exists with another spec.
+        StudyBusyError: another live driver runs this study.
         StorageError, ClusterError: storage or cluster unreachable.
     """
-    record = StudyRecord(spec, open_storage(storage_url))
-    stopper = StopWhen(should_stop or (lambda: False))
-    enqueue_warm_start(record)
-    plan = plan_trials(record)
-    if plan.n_ray_trials > 0:
+    storage = open_storage(storage_url)
+    results_dir = Path(results_dir)
+    if not _stored(storage, spec.name):  # refuse what cannot run before storing anything
+        warm_start_points(spec, storage)
+        check_budgets(spec)
         init_ray(ray_address, num_cpus)
         check_resources(spec)
-        notify = (lambda: on_change(record)) if on_change else None
-        try:
-            build_tuner(spec, record, plan, Path(results_dir), notify, stopper).fit()
-        finally:
-            end_open_trials(record, "user" if stopper.stopped else spec.scheduler.name)
-            remove_pins(pins_dir(spec, Path(results_dir)))
-    return outcome(record, stopped=stopper.stopped)
+    record = StudyRecord(spec, storage)
+    stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
+    with DriverLease(record.study):
+        enqueue_warm_start(record)
+        plan = plan_trials(record)
+        if plan.n_ray_trials > 0:
+            init_ray(ray_address, num_cpus)
+            check_resources(spec)
+            _run_tuner(spec, record, plan, results_dir, on_change, stopper)
+    return outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted)
+
+
+def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
+               on_change: Callable[[StudyRecord], None] | None, stopper: StopWhen) -> None:
+    notify = (lambda: on_change(record)) if on_change else None
+    started = time.monotonic()
+    try:
+        build_tuner(spec, record, plan, results_dir, notify, stopper).fit()
+    finally:
+        if not stopper.interrupted:  # an interrupted driver leaves its trials to the next one
+            timed_out = spec.budget.timeout_s is not None and (
+                time.monotonic() - started >= spec.budget.timeout_s)
+            label = "user" if stopper.stopped else "timeout" if timed_out else \
+                spec.scheduler.name
+            end_open_trials(record, label)
+        remove_pins(pins_dir(spec, results_dir))
+
+
+def _stored(storage, name: str) -> bool:
+    try:
+        storage.get_study_id_from_name(name)
+    except KeyError:
+        return False
+    return True
+
+
+def check_budgets(spec: StudySpec) -> None:
+    """Refuse scheduler budgets that the trials' planned updates make meaningless.
+
+    Raises:
+        SpecError: ASHA's ``grace_period`` beyond ``max_t``, or a PBT
+            ``perturbation_interval`` beyond the trials' planned updates.
+    """
+    s = spec.scheduler
+    if s.name not in ("asha", *POPULATION_SCHEDULERS):
+        return
+    task, config = trainers.create(spec.task, spec.config)
+    planned = trainers.planned_updates(task, config)
+    if s.name == "asha":
+        max_t = s.max_t or planned
+        if s.grace_period > max_t:
+            where = "max_t" if s.max_t else "the trials' planned updates"
+            raise SpecError.at("scheduler.grace_period",
+                               f"{s.grace_period} is beyond {where} ({max_t})")
+    elif s.perturbation_interval >= planned:
+        raise SpecError.at("scheduler.perturbation_interval",
+                           f"{s.perturbation_interval} is not below the trials' {planned} "
+                           f"planned updates: no trial would ever be perturbed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,14 +306,14 @@ def plan_trials(record: StudyRecord) -> Plan:
         else:
             record.requeue(orphan, "the driver running this trial stopped before its first "
                                    "checkpoint; its parameters were queued to run again")
-    n_new = record.spec.budget.n_trials - record.budget_used() - len(resumes)
+    n_new = record.spec.budget.n_trials - record.counts().finished - len(resumes)
     return Plan(resumes=resumes, n_new=max(0, n_new))
 
 
 def end_open_trials(record: StudyRecord, stopped_by: str) -> None:
     """Record an end for trials Tune stopped without a completion event (a stop of the
-    whole experiment, or the driver leaving): COMPLETE if they trained to their end,
-    else PRUNED by ``stopped_by``; a trial with no result at all ends FAIL."""
+    whole experiment, its time budget): COMPLETE if they trained to their end, else
+    PRUNED by ``stopped_by`` (also without any result yet)."""
     for ray_id in record.open_trials():
         record.stopped_running(ray_id)
         if record.trials[ray_id].stopped_by is None:
@@ -251,12 +321,14 @@ def end_open_trials(record: StudyRecord, stopped_by: str) -> None:
         record.complete_or_prune(ray_id, stopped_by)
 
 
-def outcome(record: StudyRecord, stopped: bool = False) -> StudyOutcome:
+def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = False
+            ) -> StudyOutcome:
     """Counts and best trial of the record's study, from the storage."""
     best = None
     if not record.spec.is_multi_objective and record.counts().complete:
         best = record.study.best_trial
     return StudyOutcome(name=record.spec.name, counts=record.counts(), stopped=stopped,
+                        interrupted=interrupted,
                         best_number=best.number if best else None,
                         best_value=best.value if best else None,
                         best_params=dict(best.params) if best else None)

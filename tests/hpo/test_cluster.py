@@ -38,7 +38,8 @@ def test_worker_command_wraps_ray_start():
     command = ray_start_command("10.0.0.5:6379", num_gpus=2, resources='{"a100": 1}')
     assert command[0].endswith("/ray") and command[1:] == [
         "start", "--address=10.0.0.5:6379", "--num-gpus=2", '--resources={"a100": 1}']
-    for address in ["10.0.0.5", "host:99999", "a b:1"]:
+    assert ray_start_command("10.0.0.5")[2] == "--address=10.0.0.5:6379"
+    for address in ["host:99999", "a b:1", "h:"]:
         with pytest.raises(WorkerOptionError) as info:
             ray_start_command(address)
         assert info.value.flag == "--address"
@@ -52,6 +53,6 @@ def test_hpo_worker_cli_dry_run_and_bad_flags():
                          "--num-cpus", "4", "--dry-run"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)
     assert ok.returncode == 0 and "start --address=h:6379 --num-cpus=4" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "hpo", "worker", "--address", "h", "--dry-run"],
+    bad = subprocess.run([sys.executable, "-m", "hpo", "worker", "--address", "h:x", "--dry-run"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--address" in bad.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -91,7 +92,8 @@ def _hpo_run(spec: Path, url: str, tmp_path: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_driver_killed_and_started_again_finishes_exactly_the_budget(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_driver_killed_and_started_again_finishes_exactly_the_budget(sig, tmp_path):
     url = f"sqlite:///{tmp_path / 'killed.db'}"
     spec = _write_spec(tmp_path / "spec.yaml")
     first = _hpo_run(spec, url, tmp_path)
@@ -107,8 +109,14 @@ def test_driver_killed_and_started_again_finishes_exactly_the_budget(tmp_path):
             break
         assert first.poll() is None, first.stdout.read()
         time.sleep(0.2)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
+    if sig == signal.SIGKILL:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    else:  # Ctrl-C: the driver stops and leaves its running trials to the next one
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=120) == 130, first.stdout.read()[-3000:]
+        with contextlib.suppress(ProcessLookupError):  # whatever Ray left of its own
+            os.killpg(first.pid, signal.SIGKILL)
     before = optuna.load_study(study_name="driver-killed", storage=url).trials
     left_running = [t.number for t in before if t.state == TrialState.RUNNING]
     assert left_running

@@ -92,6 +92,24 @@ INVALID = {
                                                {"metric": "val_loss"}],
                                     sampler={"name": "cmaes"}), "sampler.name"),
     "unknown-top-level": (_with(budgt={"n_trials": 3}), "budgt"),
+    "choices-equal-by-value": (_space(optimizer={"type": "categorical", "choices": [1, 1.0]}),
+                               "search_space.optimizer.choices"),
+    "choices-bool-equals-int": (_space(batch_norm={"type": "categorical",
+                                                   "choices": [True, 1]}),
+                                "search_space.batch_norm.choices"),
+    "bool-as-count": (_with(budget={"n_trials": True}), "budget.n_trials"),
+    "nan-cpus": (_with(resources={"cpus": float("nan")}), "resources.cpus"),
+    "negative-sampler-seed": (_with(sampler={"name": "tpe", "seed": -1}), "sampler.seed"),
+    "bad-direction": (_with(objective={"metric": "val_loss", "direction": "up"}),
+                      "objective.direction"),
+    "hyperband-pruner-range": (_with(scheduler={"name": "optuna-pruner", "pruner": {
+        "name": "hyperband", "min_resource": 10, "max_resource": 5}}),
+        "scheduler.pruner.max_resource"),
+    "warm-start-beyond-budget": (_with(warm_start=[{"params": {"lr": 0.01}},
+                                                   {"study": "other", "top_k": 4}]),
+                                 "warm_start"),
+    "pbt-architecture": (_with(scheduler={"name": "pbt", "perturbation_interval": 10}),
+                         "search_space.width"),
 }
 
 
@@ -167,3 +185,12 @@ def test_grid_values_cover_the_range():
     assert grid_values(spec.search_space["lr"]) == [0.1, 0.2, 0.3]
     assert grid_values(spec.search_space["width"]) == [8, 16, 24]
     assert grid_size(spec) == 18
+
+
+def test_yaml_duplicate_keys_and_non_utf8_files_are_refused(tmp_path):
+    (tmp_path / "dup.yaml").write_text("name: a\nname: b\ntask: digits\n")
+    with pytest.raises(SpecError, match="duplicate key 'name'"):
+        load_spec(tmp_path / "dup.yaml")
+    (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_spec(tmp_path / "latin1.yaml")
