@@ -19,6 +19,7 @@ claim at every heartbeat and exits if it lost it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -26,6 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import deque
 from pathlib import Path
@@ -94,8 +96,9 @@ class Dispatcher:
     def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop dispatching; ask every driver to requeue its study and wait ``grace_s`` seconds.
 
-        A driver that gets SIGTERM stops its running trials, records them, and
-        puts its study back to QUEUED, so the next start continues it.
+        A driver told ``interrupt`` (on its stdin) interrupts its study (its running trials stay
+        resumable from their checkpoints) and puts it back to QUEUED, so the next
+        start continues it.
         """
         self._stop.set()
         self._wake.set()
@@ -104,9 +107,12 @@ class Dispatcher:
         if self.spare is not None:
             stop_process(self.spare, grace_s)
         for driver in list(self.drivers.values()):
-            driver.proc.terminate()
+            _interrupt(driver.proc)
+        deadline = time.monotonic() + grace_s
         for driver in list(self.drivers.values()):
-            stop_process(driver.proc, grace_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                driver.proc.wait(max(0.0, deadline - time.monotonic()))
+            stop_process(driver.proc, timeout_s=5)
         self.reap()
 
     def _loop(self) -> None:
@@ -199,7 +205,7 @@ class Dispatcher:
             with open(log_path, "ab") as log_file:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "service.worker", name, claim],
-                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
                     env=child_env(self.settings.worker_env()))
         self.drivers[name] = Driver(name, claim, proc, log_path)
         with self.sessions.begin() as session:
@@ -222,7 +228,7 @@ class Dispatcher:
             return None
         try:
             spare.stdin.write(assignment.encode())
-            spare.stdin.close()
+            spare.stdin.flush()
         except OSError:
             spare.kill()
             return None
@@ -237,6 +243,8 @@ class Dispatcher:
             if code is None:
                 continue
             del self.drivers[name]
+            with contextlib.suppress(OSError, AttributeError):
+                driver.proc.stdin.close()
             reason = (f"the study driver ended with {describe_exit(code)} without a result; "
                       f"last lines of {driver.log_path}:\n{_tail(driver.log_path)}")
             with self.sessions.begin() as session:
@@ -260,6 +268,13 @@ class Dispatcher:
                 self.studies.purge(name)
             elif created_at.timestamp() < cutoff:
                 self.studies.undo_create(name, delete_optuna=True)
+
+
+def _interrupt(proc: subprocess.Popen) -> None:
+    """Tell a driver to interrupt its study (see ``service.worker.watch_for_interrupt``)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        proc.stdin.write(b"interrupt\n")
+        proc.stdin.close()
 
 
 def _tail(path: Path, n_lines: int = 20) -> str:

@@ -11,7 +11,9 @@ writes the study's end itself:
 
 * COMPLETED: the study reached its budget; STOPPED: a user asked it to stop;
 * FAILED: the spec cannot run here or the driver raised (the error is kept);
-* QUEUED again: the service shut down (SIGTERM); the next start continues it.
+* QUEUED again: the service shut down (``interrupt`` on stdin): ``run_study`` was interrupted,
+  leaving its running trials RUNNING with their checkpoints, and the next start
+  resumes them.
 
 Exit status: 0 the study's end was written; 75 the claim was lost (another
 dispatcher took the study over); 70 the service is gone.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
+import stat
 import sys
 import threading
 import traceback
@@ -55,8 +57,12 @@ class Heartbeat(threading.Thread):
         self._done = threading.Event()
 
     def should_stop(self) -> bool:
-        """Polled by ``run_study``: a user's stop request or the service's shutdown."""
-        return self.stop_requested.is_set() or self.shutdown_requested.is_set()
+        """Polled by ``run_study``: a user asked to stop the study."""
+        return self.stop_requested.is_set()
+
+    def should_interrupt(self) -> bool:
+        """Polled by ``run_study``: the service is shutting down (its trials stay resumable)."""
+        return self.shutdown_requested.is_set()
 
     def run(self) -> None:
         while not self._done.wait(self.interval_s):
@@ -86,6 +92,23 @@ class Heartbeat(threading.Thread):
         self._done.set()
 
 
+def watch_for_interrupt(event: threading.Event) -> None:
+    """Set ``event`` when the dispatcher writes ``interrupt`` to this process's stdin, or
+    closes it. Not a signal: Ray and Tune take SIGTERM, SIGINT and SIGUSR1 for themselves
+    once ``ray.init`` ran. Without a pipe on stdin (a driver started by hand) nothing
+    interrupts."""
+    if not stat.S_ISFIFO(os.fstat(sys.stdin.fileno()).st_mode):
+        return
+
+    def watch() -> None:
+        for line in sys.stdin:
+            if line.strip() == "interrupt":
+                break
+        event.set()
+
+    threading.Thread(target=watch, name="hpo-interrupt", daemon=True).start()
+
+
 def finish(sessions: sessionmaker, name: str, claim: str, status: Status,
            error: str | None = None) -> None:
     """Write the study's end (guarded by the claim)."""
@@ -104,15 +127,16 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
     with sessions() as session:
         row = session.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
     beat = Heartbeat(sessions, name, claim, settings.heartbeat_s)
-    signal.signal(signal.SIGTERM, lambda *_: beat.shutdown_requested.set())
     beat.beat()
     beat.start()
+    watch_for_interrupt(beat.shutdown_requested)
     try:
         from hpo.tune.driver import run_study  # imports Ray: only in this process
 
         outcome = run_study(parse_spec(row.spec), settings.database_url,
                             ray_address=settings.ray_address, results_dir=settings.results_dir,
-                            should_stop=beat.should_stop)
+                            should_stop=beat.should_stop,
+                            should_interrupt=beat.should_interrupt)
     except HpoError as e:
         finish(sessions, name, claim, Status.FAILED, f"{type(e).__name__}: {e}")
         return
@@ -121,8 +145,8 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
         return
     finally:
         beat.close()
-    if outcome.stopped and not beat.stop_requested.is_set():
-        finish(sessions, name, claim, Status.QUEUED)  # the service is shutting down
+    if outcome.interrupted:  # the service is shutting down: the next start continues it
+        finish(sessions, name, claim, Status.QUEUED)
     else:
         finish(sessions, name, claim, Status.STOPPED if outcome.stopped else Status.COMPLETED)
 

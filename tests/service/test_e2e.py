@@ -209,3 +209,33 @@ def test_a_study_needing_resources_no_node_has_fails_naming_the_field(server_pro
     study = wait_for(lambda: _ended(server, token, "greedy"), what="the study to fail")
     assert study["status"] == "FAILED"
     assert "resources.gpus" in study["error"] and study["counts"]["running"] == 0
+
+
+def test_sigterm_requeues_a_running_study_and_the_next_start_finishes_it(server_process,
+                                                                         sqlite_url):
+    server = server_process(sqlite_url)
+    token = _admin_token(sqlite_url)
+    server.start()
+    n_trials = 4
+    spec = tiny_spec("requeued", n_trials=n_trials,
+                     config={"max_epochs": 8, "micro_batch_size": 64, "width": 16})
+    httpx.post(f"{server.url}/v1/studies", json=spec, headers=bearer(token))
+    wait_for(lambda: _study(server, token, "requeued")["counts"]["running"] > 0,
+             what="a running trial")
+    assert server.stop() == 0  # SIGTERM: a clean shutdown
+    import sqlalchemy as sa
+
+    from service.db import StudyRow
+
+    engine = build_engine(sqlite_url)
+    with engine.connect() as conn:
+        status = conn.execute(sa.select(StudyRow.status).where(
+            StudyRow.name == "requeued")).scalar_one()
+    engine.dispose()
+    assert status == "QUEUED"
+    record = optuna.load_study(study_name="requeued", storage=open_storage(sqlite_url))
+    assert not [t for t in record.trials if t.user_attrs.get("stopped_by") == "user"]
+    server.start()
+    study = wait_for(lambda: _ended(server, token, "requeued"), what="the requeued study")
+    assert study["status"] == "COMPLETED", study["error"]
+    assert study["progress"]["finished"] == n_trials and study["counts"]["running"] == 0
