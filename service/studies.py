@@ -22,9 +22,10 @@ import sqlalchemy.exc
 from optuna.trial import FrozenTrial
 from sqlalchemy.orm import sessionmaker
 
-from hpo.errors import StudyExistsError
+from hpo.errors import SpecError, StudyExistsError
 from hpo.record import open_study
-from hpo.spec import StudySpec, parse_spec
+from hpo.spec import StudySpec, WarmStartStudy, parse_spec
+from hpo.warmstart import warm_start_points
 from service import optuna_sql
 from service.auth import Principal
 from service.db import ENDED, VISIBLE, Status, StudyRow, TokenRow, utcnow
@@ -70,10 +71,12 @@ class StudyService:
         Nothing stays stored when this raises.
 
         Raises:
-            hpo.errors.SpecError: the spec is invalid (each field named).
+            hpo.errors.SpecError: the spec is invalid (each field named), or names
+                a warm-start study the owner may not read.
             StudyConflict: a study of that name exists (here or in Optuna).
         """
         spec = parse_spec(data)
+        self._check_warm_start(spec, owner)
         self._insert_creating(spec, owner)
         if self._optuna_study_exists(spec.name):
             self.undo_create(spec.name, delete_optuna=False)
@@ -89,6 +92,21 @@ class StudyService:
             self.undo_create(spec.name, delete_optuna=True)
             raise
         return self.view(owner, spec.name)
+
+    def _check_warm_start(self, spec: StudySpec, owner: Principal) -> None:
+        """Earlier studies named by ``warm_start`` must be ones ``owner`` may read, and usable.
+
+        Raises:
+            SpecError: naming ``warm_start.I.study``.
+        """
+        for i, entry in enumerate(spec.warm_start):
+            if isinstance(entry, WarmStartStudy):
+                try:
+                    self._get(owner, entry.study, read=True)
+                except StudyNotFound:
+                    raise SpecError.at(f"warm_start.{i}.study",
+                                       f"no study named {entry.study!r}") from None
+        warm_start_points(spec, self.storage)
 
     def _insert_creating(self, spec: StudySpec, owner: Principal) -> None:
         with self.sessions() as session:

@@ -251,3 +251,24 @@ def test_openapi_documents_every_route(client):
             "/v1/studies/{name}/trials/{number}", "/v1/studies/{name}/stop", "/v1/tasks",
             "/healthz", "/readyz"} <= set(paths)
     assert client.get("/docs").status_code == 200
+
+
+def test_warm_start_from_a_study_of_another_owner_answers_422_and_from_ones_own_is_accepted(
+        client, tokens, app):
+    client.post("/v1/studies", json=tiny_spec("bobs-earlier"), headers=bearer(tokens["bob"]))
+    client.post("/v1/studies", json=tiny_spec("alices-earlier"),
+                headers=bearer(tokens["alice"]))
+    _with_trials(app, "alices-earlier", [0.9, 0.8])
+    _with_trials(app, "bobs-earlier", [0.9])
+    h = bearer(tokens["alice"])
+    r = client.post("/v1/studies", headers=h, json=tiny_spec(
+        "warm-bad", warm_start=[{"study": "bobs-earlier", "top_k": 1}]))
+    assert r.status_code == 422
+    assert r.json()["error"]["details"][0]["loc"] == "warm_start.0.study"
+    r = client.post("/v1/studies", headers=h, json=tiny_spec(
+        "warm-missing", warm_start=[{"study": "nowhere", "top_k": 1}]))
+    assert r.status_code == 422
+    r = client.post("/v1/studies", headers=h, json=tiny_spec(
+        "warm-ok", warm_start=[{"study": "alices-earlier", "top_k": 1}]))
+    assert r.status_code == 201, r.text
+    assert _stored(app)[0] == ["alices-earlier", "bobs-earlier", "warm-ok"]
