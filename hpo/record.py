@@ -16,7 +16,9 @@ Ray itself. What it guarantees, each point answering a trap of ray's
 * a COMPLETE trial's value is the objective's last reported value, or its best
   (``objective_reduce: best``);
 * attributes: Ray trial id, node, checkpoint location, wall time,
-  device-seconds (CPU or GPU seconds held), samples processed.
+  device-seconds (CPU or GPU seconds held; the study's ``device_kind`` says
+  which), samples processed; start and end times are Optuna's own
+  ``datetime_start`` and ``datetime_complete``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from hpo.space import build_sampler, distributions
 from hpo.spec import StudySpec
 
 SPEC_ATTR = "hpo_spec"
-FINISHED_KEY = "trial_finished"  # set by the trainable in the report after fit returned
 RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopted trial resumes
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -50,7 +51,6 @@ class TrialProgress:
     wall_time_s: float = 0.0
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
     values: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (step, objective)
-    finished: bool = False
     stopped_by: str | None = None
     told: bool = False
 
@@ -123,7 +123,8 @@ class StudyRecord:
         self.distributions = distributions(spec)
         r = spec.resources
         self.devices_held = (r.gpus if r.gpus > 0 else r.cpus) * r.workers
-        self.device_kind = "gpu" if r.gpus > 0 else "cpu"
+        if "device_kind" not in self.study.user_attrs:  # what device_seconds count
+            self.study.set_user_attr("device_kind", "gpu" if r.gpus > 0 else "cpu")
         self.trials: dict[str, TrialProgress] = {}
         self.best: tuple[int, float] | None = None
 
@@ -222,8 +223,6 @@ class StudyRecord:
         t = self.trials[ray_trial_id]
         if t.started is None:
             t.started = time.monotonic()
-            if t.wall_time_s == 0.0:
-                self.storage.set_trial_user_attr(t.trial_id, "started_at", round(time.time(), 3))
 
     def stopped_running(self, ray_trial_id: str) -> None:
         """A Ray trial stopped running (paused, failed, ended): bank its wall time."""
@@ -240,8 +239,6 @@ class StudyRecord:
         if t.told:  # Tune replays the last result to schedulers after a trial ended
             return
         t.last = dict(result)
-        if result.get(FINISHED_KEY):
-            t.finished = True
         if self.spec.is_multi_objective or "step" not in result:
             return
         value = float(result[self.spec.objectives[0].metric])
@@ -264,20 +261,25 @@ class StudyRecord:
 
     # -- the end of a trial ------------------------------------------------------------
 
-    def complete_or_prune(self, ray_trial_id: str, default_stopper: str) -> TrialState:
+    def complete_or_prune(self, ray_trial_id: str, default_stopper: str,
+                          stopped: bool = False) -> TrialState:
         """End a trial that stopped without error: COMPLETE if it trained to its end, else PRUNED.
 
-        It trained to its end if the trainable said so (``trial_finished``) or
-        its last result reached its planned updates (ASHA stops trials at
-        ``max_t`` too). A NaN or infinite objective ends it FAIL instead.
+        It trained to its end when its function returned by itself (its last
+        result is not ``done``: Tune marks ``done`` the result a scheduler stops
+        a trial on, and no one noted a stop) or when its last result reached its
+        planned updates (ASHA stops trials at ``max_t`` too). ``stopped``: the
+        whole experiment was stopped under it. A NaN or infinite objective ends
+        it FAIL instead.
         """
         t = self.trials[ray_trial_id]
         if t.told:
             return self.storage.get_trial(t.trial_id).state
         last = t.last
         planned = last.get("planned_updates")
-        reached = t.finished or (planned is not None and last.get("step", 0) >= planned)
-        if not reached and (last or t.stopped_by):
+        at_end = planned is not None and last.get("step", 0) >= planned
+        returned = not stopped and t.stopped_by is None and not last.get("done", False)
+        if not (returned or at_end) and (last or t.stopped_by):
             self._finish(t, TrialState.PRUNED, None, {
                 "stopped_by": t.stopped_by or default_stopper,
                 "budget_updates": last.get("step"), "planned_updates": planned})
@@ -288,7 +290,7 @@ class StudyRecord:
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
             return self.fail(ray_trial_id, f"objective is {bad[0]} (not finite)")
-        reason = last.get("stop_reason") or "reached its planned updates"
+        reason = "reached its planned updates" if at_end else "stopped itself (early stopping)"
         self._finish(t, TrialState.COMPLETE, values, {"stop_reason": reason})
         return TrialState.COMPLETE
 
@@ -325,9 +327,7 @@ class StudyRecord:
             "checkpoint": t.last.get("checkpoint_location"),
             "wall_time_s": round(t.wall_time_s, 3),
             "device_seconds": round(t.wall_time_s * self.devices_held, 3),
-            "device_kind": self.device_kind,
             "samples": t.last.get("samples"),
-            "ended_at": round(time.time(), 3),
             **extra,
         }
         for key, value in attrs.items():

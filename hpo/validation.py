@@ -227,3 +227,31 @@ def _check_mutable_in_training(spec: StudySpec) -> list[dict]:
                                   f"cannot change mid-training (it may: "
                                   f"{', '.join(sorted(allowed))})"})
     return errors
+
+
+def check_budgets(spec: StudySpec) -> None:
+    """Refuse scheduler budgets that the trials' planned updates make meaningless.
+
+    Builds the task's datasets to count the planned updates (cheap for the
+    built-in tasks once charlm's token cache exists), so it runs where a study
+    is created rather than inside ``parse_spec``.
+
+    Raises:
+        SpecError: ASHA's ``grace_period`` beyond ``max_t``, or a PBT/PB2
+            ``perturbation_interval`` not below the trials' planned updates.
+    """
+    s = spec.scheduler
+    if s.name not in ("asha", *POPULATION_SCHEDULERS):
+        return
+    task, config = trainers.create(spec.task, spec.config)
+    planned = trainers.planned_updates(task, config)
+    if s.name == "asha":
+        max_t = s.max_t or planned
+        if s.grace_period > max_t:
+            where = "max_t" if s.max_t else "the trials' planned updates"
+            raise SpecError.at("scheduler.grace_period",
+                               f"{s.grace_period} is beyond {where} ({max_t})")
+    elif s.perturbation_interval >= planned:
+        raise SpecError.at("scheduler.perturbation_interval",
+                           f"{s.perturbation_interval} is not below the trials' {planned} "
+                           f"planned updates: no trial would ever be perturbed")

@@ -25,6 +25,7 @@ from sqlalchemy.orm import sessionmaker
 from hpo.errors import SpecError, StudyExistsError
 from hpo.record import open_study
 from hpo.spec import StudySpec, WarmStartStudy, parse_spec
+from hpo.validation import check_budgets
 from hpo.warmstart import warm_start_points
 from service import optuna_sql
 from service.auth import Principal
@@ -76,6 +77,7 @@ class StudyService:
             StudyConflict: a study of that name exists (here or in Optuna).
         """
         spec = parse_spec(data)
+        check_budgets(spec)
         self._check_warm_start(spec, owner)
         self._insert_creating(spec, owner)
         if self._optuna_study_exists(spec.name):

@@ -29,6 +29,7 @@ from hpo.tune.pbt import param_space as pbt_param_space
 from hpo.tune.schedulers import build_scheduler
 from hpo.tune.searcher import StudySearcher
 from hpo.tune.trainable import TrialSetup, train_trial
+from hpo.validation import check_budgets
 from hpo.warmstart import enqueue_warm_start, warm_start_points
 
 DEFAULT_RESULTS_DIR = "hpo-runs"
@@ -68,8 +69,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
-    try:
-        ray.init(address=address, num_cpus=None if address else num_cpus,
+    try:  # "local": a new Ray, never one that `ray start` left running on this machine
+        ray.init(address=address or "local", num_cpus=None if address else num_cpus,
                  include_dashboard=False, configure_logging=True, logging_level="WARNING",
                  log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
@@ -253,30 +254,6 @@ def _stored(storage, name: str) -> bool:
     return True
 
 
-def check_budgets(spec: StudySpec) -> None:
-    """Refuse scheduler budgets that the trials' planned updates make meaningless.
-
-    Raises:
-        SpecError: ASHA's ``grace_period`` beyond ``max_t``, or a PBT
-            ``perturbation_interval`` beyond the trials' planned updates.
-    """
-    s = spec.scheduler
-    if s.name not in ("asha", *POPULATION_SCHEDULERS):
-        return
-    task, config = trainers.create(spec.task, spec.config)
-    planned = trainers.planned_updates(task, config)
-    if s.name == "asha":
-        max_t = s.max_t or planned
-        if s.grace_period > max_t:
-            where = "max_t" if s.max_t else "the trials' planned updates"
-            raise SpecError.at("scheduler.grace_period",
-                               f"{s.grace_period} is beyond {where} ({max_t})")
-    elif s.perturbation_interval >= planned:
-        raise SpecError.at("scheduler.perturbation_interval",
-                           f"{s.perturbation_interval} is not below the trials' {planned} "
-                           f"planned updates: no trial would ever be perturbed")
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The trials a run of the driver will start."""
@@ -318,7 +295,7 @@ def end_open_trials(record: StudyRecord, stopped_by: str) -> None:
         record.stopped_running(ray_id)
         if record.trials[ray_id].stopped_by is None:
             record.note_stop(ray_id, stopped_by)
-        record.complete_or_prune(ray_id, stopped_by)
+        record.complete_or_prune(ray_id, stopped_by, stopped=True)
 
 
 def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = False

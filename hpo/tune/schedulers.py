@@ -36,6 +36,12 @@ class _RecordStops:
             self.record.note_stop(trial.trial_id, self.label)
         return decision
 
+    def on_trial_remove(self, tune_controller, trial):
+        # Tune calls this when a scheduler stops a PAUSED or PENDING trial (Hyperband
+        # discarding a paused trial of its bracket): no result marks that stop.
+        self.record.note_stop(trial.trial_id, self.label)
+        return super().on_trial_remove(tune_controller, trial)
+
 
 def _recording(base: type, record: StudyRecord, label: str, **kwargs) -> TrialScheduler:
     cls = type(f"Recording{base.__name__}", (_RecordStops, base), {})

@@ -7,9 +7,9 @@ Ray Train initializes ``torch.distributed`` (gloo on CPU, NCCL on GPU), the
 loop wraps the model in DDP, and rank 0's metrics reach Tune through
 ``TuneReportCallback``.
 
-After ``fit`` returns, the trial reports once more with ``trial_finished: 1``:
-that is how the record tells a trial that trained to its end (or stopped
-itself) from one a scheduler stopped (Tune marks both ``done``).
+A trial that returns by itself (trained to its end, or stopped by its own
+early stopping) is told apart from one a scheduler stopped by Tune's ``done``
+flag on the result the scheduler stopped it on (see ``hpo.record``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from ray import tune
 
 import trainers
-from hpo.record import FINISHED_KEY, RESUME_KEY
+from hpo.record import RESUME_KEY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +87,7 @@ def train_trial(params: dict[str, Any], setup: TrialSetup) -> None:
         if checkpoint is None and adopted:  # a trial a dead driver left running
             checkpoint = tune.Checkpoint(adopted)
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
-        reporter = TuneReporter()
-        result = trainers.fit(task, config, reporter, resume_from=resume)
-        tune.report({**result.metrics, FINISHED_KEY: 1, "stop_reason": result.stop_reason,
-                     "node_id": reporter.node_id})
+        trainers.fit(task, config, TuneReporter(), resume_from=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -154,5 +151,4 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
                                        storage_path=setup.results_dir,
                                        callbacks=[TuneReportCallback()]),
     )
-    result = trainer.fit()
-    tune.report({**result.metrics, FINISHED_KEY: 1})
+    trainer.fit()

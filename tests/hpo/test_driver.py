@@ -48,8 +48,8 @@ def test_fifo_records_every_result_and_the_last_value(sqlite_url, tmp_path):
         assert t.value == t.intermediate_values[12]
         assert t.value == pytest.approx(t.params["quality"] + 1 / 5)
         attrs = t.user_attrs
-        for key in ["ray_trial_id", "node_ip", "checkpoint", "wall_time_s", "device_seconds",
-                    "samples", "started_at", "ended_at"]:
+        for key in ["ray_trial_id", "node_ip", "node_id", "checkpoint", "wall_time_s",
+                    "device_seconds", "samples"]:
             assert key in attrs, key
         assert attrs["samples"] == PLANNED * 8
         assert attrs["device_seconds"] == pytest.approx(attrs["wall_time_s"] * 1.0, abs=1e-3)
@@ -158,7 +158,7 @@ def test_two_trials_run_at_once(sqlite_url, tmp_path):
     # ray#46965: with a custom searcher Tune ran one trial at a time
     spec = toy_spec("concurrent", config={"sleep_ms": 40}, budget={"n_trials": 4})
     _, trials = run(spec, sqlite_url, tmp_path)
-    spans = sorted((t.user_attrs["started_at"], t.user_attrs["ended_at"]) for t in trials)
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
     overlapping = sum(1 for (s0, e0), (s1, _) in zip(spans, spans[1:], strict=False) if s1 < e0)
     assert overlapping >= 1
 

@@ -67,8 +67,8 @@ def test_a_result_after_the_trial_ended_does_not_crash_the_driver(sqlite_url):
             return "late error"
 
     record.ask("r1")
-    result = {"step": 3, "val_loss": 1.0, "planned_updates": PLANNED}
-    callback.on_trial_result(0, [], FakeTrial(), result)
+    result = {"step": 3, "val_loss": 1.0, "planned_updates": PLANNED, "done": True}
+    callback.on_trial_result(0, [], FakeTrial(), result)  # a scheduler stopped it here
     callback.on_trial_complete(0, [], FakeTrial())
     callback.on_trial_result(0, [], FakeTrial(), {**result, "step": 6, "val_loss": 0.5})
     callback.on_trial_complete(0, [], FakeTrial())

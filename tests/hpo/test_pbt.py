@@ -45,7 +45,6 @@ def test_pbt_on_digits_exploits_records_lineage_and_reaches_97_percent(sqlite_ur
 def test_perturbed_values_are_clipped_into_the_search_space():
     spec = parse_spec({"name": "clip", "task": "digits", "objective": {"metric": "val_loss"},
                        "budget": {"n_trials": 4},
-                       "scheduler": {"name": "pbt", "perturbation_interval": 10},
                        "search_space": {
                            "lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
                            "width": {"type": "int", "low": 8, "high": 64, "step": 8},
@@ -77,7 +76,7 @@ def test_pb2_runs_a_population_and_records_its_exploits(sqlite_url, tmp_path):
 def test_pb2_refuses_categorical_parameters():
     data = load_spec(EXAMPLES / "digits-pbt.yaml").to_dict()
     data["scheduler"] = {"name": "pb2", "perturbation_interval": 46}
-    data["search_space"]["optimizer"] = {"type": "categorical", "choices": ["adamw", "sgd"]}
+    data["search_space"]["precision"] = {"type": "categorical", "choices": ["fp32", "bf16"]}
     with pytest.raises(SpecError) as info:
         parse_spec(data)
-    assert info.value.errors[0]["loc"] == "search_space.optimizer.type"
+    assert info.value.errors[0]["loc"] == "search_space.precision.type"

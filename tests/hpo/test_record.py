@@ -9,7 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.errors import StudyExistsError
-from hpo.record import FINISHED_KEY, StudyRecord
+from hpo.record import StudyRecord
 from hpo.spec import parse_spec
 from hpo.storage import open_storage
 
@@ -38,22 +38,22 @@ def test_results_become_intermediate_values_and_complete_takes_the_last(storage_
     record.started("r1")
     for step, value in [(10, 0.9), (20, 0.5), (30, 0.7), (40, 0.6)]:
         record.result("r1", _result(step, value))
-    record.result("r1", _result(40, 0.6, **{FINISHED_KEY: 1, "stop_reason": "max_updates"}))
     assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
     t = _trial(record, "r1")
     assert t.intermediate_values == {10: 0.9, 20: 0.5, 30: 0.7, 40: 0.6}
     assert t.value == 0.6
     attrs = t.user_attrs
     assert attrs["ray_trial_id"] == "r1" and attrs["node_ip"] == "10.0.0.1"
-    assert attrs["samples"] == 320 and attrs["stop_reason"] == "max_updates"
+    assert attrs["samples"] == 320 and attrs["stop_reason"] == "reached its planned updates"
     assert attrs["wall_time_s"] >= 0 and attrs["device_seconds"] == attrs["wall_time_s"]
-    assert attrs["device_kind"] == "cpu" and attrs["ended_at"] >= attrs["started_at"]
+    assert record.study.user_attrs["device_kind"] == "cpu"
+    assert t.datetime_complete >= t.datetime_start
 
 
 def test_stopped_before_its_planned_updates_is_pruned_with_who_and_budget(sqlite_url):
     record = StudyRecord(_spec("pruned"), open_storage(sqlite_url))
     record.ask("r1")
-    record.result("r1", _result(10, 2.0))
+    record.result("r1", _result(10, 2.0, done=True))  # Tune marks the result it stops on
     record.note_stop("r1", "asha")
     assert record.complete_or_prune("r1", "scheduler") == TrialState.PRUNED
     t = _trial(record, "r1")
@@ -67,7 +67,7 @@ def test_stopped_at_its_planned_updates_is_complete(sqlite_url):
     # ASHA stops a trial at max_t too: it trained to its end, so it is COMPLETE
     record = StudyRecord(_spec("at-max-t"), open_storage(sqlite_url))
     record.ask("r1")
-    record.result("r1", _result(40, 0.3))
+    record.result("r1", _result(40, 0.3, done=True))
     record.note_stop("r1", "asha")
     assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
 
@@ -75,9 +75,17 @@ def test_stopped_at_its_planned_updates_is_complete(sqlite_url):
 def test_trial_that_stopped_itself_early_is_complete(sqlite_url):
     record = StudyRecord(_spec("early-stop"), open_storage(sqlite_url))
     record.ask("r1")
-    record.result("r1", _result(20, 0.3))
-    record.result("r1", _result(20, 0.3, **{FINISHED_KEY: 1, "stop_reason": "early_stopping"}))
+    record.result("r1", _result(20, 0.3))  # its function returned: the last result is not done
     assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
+    assert _trial(record, "r1").user_attrs["stop_reason"] == "stopped itself (early stopping)"
+
+
+def test_stopped_with_the_whole_experiment_is_pruned(sqlite_url):
+    record = StudyRecord(_spec("all-stopped"), open_storage(sqlite_url))
+    record.ask("r1")
+    record.result("r1", _result(20, 0.3))
+    assert record.complete_or_prune("r1", "user", stopped=True) == TrialState.PRUNED
+    assert _trial(record, "r1").user_attrs["stopped_by"] == "user"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -85,7 +93,7 @@ def test_non_finite_objective_fails_with_reason(storage_url, unique_name, bad):
     record = StudyRecord(_spec(unique_name), open_storage(storage_url))
     record.ask("r1")
     record.result("r1", _result(10, 0.5))
-    record.result("r1", _result(40, bad, **{FINISHED_KEY: 1}))
+    record.result("r1", _result(40, bad))
     assert record.complete_or_prune("r1", "fifo") == TrialState.FAIL
     t = _trial(record, "r1")
     assert "not finite" in t.user_attrs["fail_reason"]
@@ -109,7 +117,7 @@ def test_objective_reduce_best(sqlite_url):
     record.ask("r1")
     for step, value in [(10, 0.9), (20, 0.2), (40, 0.5)]:
         record.result("r1", _result(step, value))
-    record.result("r1", _result(40, 0.5, **{FINISHED_KEY: 1}))
+
     record.complete_or_prune("r1", "fifo")
     assert _trial(record, "r1").value == 0.2
 

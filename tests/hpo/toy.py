@@ -33,6 +33,7 @@ class HpoToyOptions(RegressionOptions):
 class HpoToyTask(RegressionTask):
     name = "toy-hpo"
     Options = HpoToyOptions
+    mutable_options = frozenset({"quality"})  # scripted: it shapes no parameter
     metrics = {"val_loss": "minimize", "val_score": "maximize"}
 
     def __init__(self, options=None) -> None:
