@@ -50,6 +50,45 @@ def _recording(base: type, record: StudyRecord, label: str, **kwargs) -> TrialSc
     return scheduler
 
 
+class RecordingHyperBand(_RecordStops, HyperBandScheduler):
+    """Ray's synchronous Hyperband, with fixes at its pause and trial-removal seams.
+
+    * A trial that reached ``max_t`` is stopped, not paused to wait for its
+      bracket-mates: it has nothing left to train, and a pause decided while its
+      checkpoint is being saved is applied after the bracket is cleaned up, which
+      left it PAUSED forever and Tune waiting on it (seen with ray 2.60; the
+      paused-forever lineage of ray#6780 and ray#39157).
+    * A trial that ends by itself (it trained to its end) is removed from its
+      bracket without being noted as stopped: Ray routes ``on_trial_complete``
+      through ``on_trial_remove``, which also serves for the trials it stops.
+    * When a removal finishes the bracket, its PAUSED trials are stopped. Ray's
+      ``on_trial_remove`` skips a bracket that the removal finished.
+    """
+
+    def on_trial_result(self, tune_controller, trial, result):
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.PAUSE and result.get(self._time_attr, 0) >= self._max_t_attr:
+            self.record.note_stop(trial.trial_id, self.label)
+            return TrialScheduler.STOP
+        return decision
+
+    def on_trial_complete(self, tune_controller, trial, result):
+        self._remove(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller, trial):
+        self._remove(tune_controller, trial)
+
+    def on_trial_remove(self, tune_controller, trial):
+        self.record.note_stop(trial.trial_id, self.label)
+        self._remove(tune_controller, trial)
+
+    def _remove(self, tune_controller, trial) -> None:
+        bracket, _ = self._trial_info[trial]
+        HyperBandScheduler.on_trial_remove(self, tune_controller, trial)
+        if bracket.finished():
+            bracket.cleanup_full(tune_controller)
+
+
 class OptunaPrunerScheduler(FIFOScheduler):
     """Lets any Optuna pruner stop Ray Tune trials: on every result, ask ``pruner.prune``.
 
@@ -84,8 +123,10 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
                           max_t=s.max_t or planned_updates, grace_period=s.grace_period,
                           reduction_factor=s.reduction_factor, brackets=s.brackets)
     if s.name == "hyperband":
-        return _recording(HyperBandScheduler, record, "hyperband", time_attr=TIME_ATTR,
-                          max_t=s.max_t or planned_updates, reduction_factor=s.reduction_factor)
+        scheduler = RecordingHyperBand(time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
+                                       reduction_factor=s.reduction_factor)
+        scheduler.record, scheduler.label = record, "hyperband"
+        return scheduler
     if s.name == "median":
         return _recording(MedianStoppingRule, record, "median", time_attr=TIME_ATTR,
                           grace_period=s.grace_period,
