@@ -19,6 +19,9 @@ from hpo.record import StudyRecord
 
 log = logging.getLogger(__name__)
 PG_KEY = "train_pg_id"
+# Ray Train's TuneReportCallback passes a DDP trial's checkpoint to Tune only as this
+# metric (ray.tune.integration.ray_train.CHECKPOINT_PATH_KEY), never as a Tune checkpoint
+TRAIN_CHECKPOINT_KEY = "checkpoint_path"
 
 
 class RecordCallback(Callback):
@@ -67,6 +70,8 @@ class RecordCallback(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._ensure(trial)
         self.record.result(trial.trial_id, result)
+        if result.get(TRAIN_CHECKPOINT_KEY):  # a DDP trial's checkpoint, persisted by Ray Train
+            self.record.checkpointed(trial.trial_id, result[TRAIN_CHECKPOINT_KEY])
         self.on_change()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -83,8 +88,10 @@ class RecordCallback(Callback):
 
     def _note_checkpoint(self, trial) -> None:
         checkpoint = trial.checkpoint
-        if checkpoint is not None and self.record.knows(trial.trial_id):
-            self.record.trials[trial.trial_id].last["checkpoint_location"] = checkpoint.path
+        path = checkpoint.path if checkpoint is not None else (
+            (trial.last_result or {}).get(TRAIN_CHECKPOINT_KEY))
+        if path and self.record.knows(trial.trial_id):
+            self.record.trials[trial.trial_id].last["checkpoint_location"] = path
 
     @staticmethod
     def _release_train_group(trial) -> None:

@@ -74,18 +74,26 @@ def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path):
                                 keep_last_checkpoints=1)
 
 
+def _resume_point(params: dict[str, Any]) -> tuple[dict[str, Any], tune.Checkpoint | None]:
+    """The trial's own parameters, and the checkpoint it continues from, if any: Tune's
+    (a retry after ``max_failures``, or a PBT exploit), else the one of a trial that a
+    dead driver left running (``RESUME_KEY``, set when a new driver adopts it)."""
+    params = dict(params)
+    adopted = params.pop(RESUME_KEY, None)
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None and adopted:
+        checkpoint = tune.Checkpoint(adopted)
+    return params, checkpoint
+
+
 def train_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     """The Tune function trainable of a single-worker trial."""
     if setup.workers > 1:
         return train_trial_distributed(params, setup)
     workdir = Path(tempfile.mkdtemp(prefix="hpo-trial-"))
     try:
-        params = dict(params)
-        adopted = params.pop(RESUME_KEY, None)
+        params, checkpoint = _resume_point(params)
         task, config = _build(setup, params, workdir)
-        checkpoint = tune.get_checkpoint()  # a retry (max_failures) or a PBT exploit
-        if checkpoint is None and adopted:  # a trial a dead driver left running
-            checkpoint = tune.Checkpoint(adopted)
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
         trainers.fit(task, config, TuneReporter(), resume_from=resume)
     finally:
@@ -125,7 +133,8 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="hpo-worker-"))
     try:
         task, config = _build(setup, loop_config["params"], workdir)
-        checkpoint = ray.train.get_checkpoint()
+        # Ray Train's own restart, else where the Tune trial continues from
+        checkpoint = ray.train.get_checkpoint() or loop_config["resume"]
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
         trainers.fit(task, config, TrainReporter(), resume_from=resume)
     finally:
@@ -139,16 +148,21 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
+    params, resume = _resume_point(params)
     per_worker = {"CPU": setup.cpus, **({"GPU": setup.gpus} if setup.gpus > 0 else {}),
                   **setup.custom}
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"params": params, "setup": setup},
+        train_loop_config={"params": params, "setup": setup, "resume": resume},
         scaling_config=ray.train.ScalingConfig(num_workers=setup.workers,
                                                use_gpu=setup.gpus > 0,
                                                resources_per_worker=per_worker),
         run_config=ray.train.RunConfig(name=f"train-{trial_id}",
                                        storage_path=setup.results_dir,
+                                       # the newest is what a retry or a new driver
+                                       # resumes from; one older in case it is torn
+                                       checkpoint_config=ray.train.CheckpointConfig(
+                                           num_to_keep=2),
                                        callbacks=[TuneReportCallback()]),
     )
     trainer.fit()

@@ -55,6 +55,26 @@ def test_exceptions_are_retried_when_the_spec_asks(sqlite_url, tmp_path):
     assert sorted(trial.intermediate_values) == [3, 6, 9, 12]
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_a_failed_ddp_trial_is_retried_from_its_checkpoint(sqlite_url, tmp_path):
+    # the Tune trial's checkpoint reaches the Ray Train workers of its retry
+    spec = toy_spec("retry-ddp", config={"fail_at_update": 8,
+                                         "once_marker": str(tmp_path / "raised")},
+                    budget={"n_trials": 1, "max_concurrent_trials": 1},
+                    resources={"cpus": 0.5, "workers": 2}, max_failures=1)
+    out = run_study(spec, sqlite_url, results_dir=tmp_path / "ray")
+    assert (tmp_path / "raised").exists()
+    trial = optuna.load_study(study_name=spec.name, storage=sqlite_url).trials[0]
+    assert out.counts.complete == 1, trial.user_attrs
+    assert trial.user_attrs["restarts"] == 1
+    assert sorted(trial.intermediate_values) == [3, 6, 9, 12]
+    # resumed at step 6, not retrained: the retry's process evaluated twice (steps 9, 12),
+    # and the scripted val_loss after k evaluations of a process is quality + 1 / (k + 1)
+    assert trial.value == pytest.approx(trial.params["quality"] + 1 / 3, abs=1e-9)
+    assert trial.user_attrs["samples"] == 12 * 8 * 2  # both ranks
+
+
 def test_a_result_after_the_trial_ended_does_not_crash_the_driver(sqlite_url):
     # ray#19274: a late result for a stopped trial crashed the driver
     record = StudyRecord(toy_spec("late"), open_storage(sqlite_url))
@@ -153,3 +173,33 @@ def _spec_obj(path: Path):
     from hpo.spec import load_spec
 
     return load_spec(path)
+
+
+@pytest.mark.slow
+def test_a_ddp_trial_left_running_by_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(toy_spec(
+        "driver-killed", config={"sleep_ms": 1000}, budget={"n_trials": 1},
+        resources={"cpus": 0.5, "workers": 2}).to_dict()))
+    first = _hpo_run(spec, url, tmp_path)
+    storage = open_storage(url)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # kill once the trial has a checkpoint
+        trials = optuna.load_study(study_name="driver-killed", storage=storage).trials \
+            if first.poll() is None and _study_exists(storage) else []
+        if trials and trials[0].user_attrs.get("checkpoint") \
+                and trials[0].state == TrialState.RUNNING:
+            break
+        assert first.poll() is None, first.stdout.read()
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+
+    second = _hpo_run(spec, url, tmp_path)
+    output, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, output[-3000:]
+    (trial,) = optuna.load_study(study_name="driver-killed", storage=url).trials
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs
+    assert trial.user_attrs["resumed_after_driver_loss"] == 1
+    assert sorted(trial.intermediate_values) == [3, 6, 9, 12]
