@@ -298,13 +298,15 @@ class _Loop:
         self.last_eval = self._position_key()
         self._snapshot_rng()
         meta = self._meta(metrics)
+        saved: Path | None = None
         if run.checkpoint_root is not None and (c.checkpoint_interval is None or is_best or (
                 c.checkpoint_interval is not None and state.step % c.checkpoint_interval == 0)):
-            self._save(meta)
+            saved = self._save(meta)
             if is_best and run.dist.is_main:
                 ckpt.mark_best(run.checkpoint_root, state.step, run.early_stopping_metric,
                                state.best_value)
-        decision = self.reporter.report(metrics, lambda: self._save(meta))
+        # the reporter's checkpoint of this step is the one just written, if any
+        decision = self.reporter.report(metrics, lambda: saved or self._save(meta))
         if broadcast_flag(decision is Decision.STOP, run.dist):
             state.stop_reason = "reporter"
         elif c.early_stopping_patience is not None \
