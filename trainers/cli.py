@@ -69,7 +69,7 @@ def _add_fields(group: argparse._ArgumentGroup, infos: list[FieldInfo]) -> None:
 def build_parser(task_name: str | None) -> argparse.ArgumentParser:
     """The CLI's parser; with a task name it includes the task's own options."""
     parser = argparse.ArgumentParser(
-        prog="python -m trainers", usage="%(prog)s TASK [options]  |  %(prog)s --resume DIR",
+        prog="trainers", usage="%(prog)s TASK [options]  |  %(prog)s --resume DIR",
         description="Train one run of a task. Tasks: " + ", ".join(list_tasks()),
         epilog="Task defaults override the config defaults shown; "
                "`python -m trainers TASK --help` lists the task's own options.")

@@ -65,6 +65,11 @@ def test_create_splits_params_and_names_bad_ones():
     with pytest.raises(ConfigError) as info:
         create("charlm", {"n_head": 3})
     assert info.value.field == "n_head"
+    # asked of a task without blocks to recompute: an error, never a silent no-op
+    with pytest.raises(ConfigError) as info:
+        create("digits", {"activation_checkpointing": True})
+    assert info.value.field == "activation_checkpointing"
+    assert create("charlm", {"activation_checkpointing": True})[1].activation_checkpointing
 
 
 def test_installed_task_is_found_through_the_entry_point_group(tmp_path, monkeypatch):

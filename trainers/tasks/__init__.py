@@ -87,4 +87,9 @@ def create(name: str, params: Mapping[str, Any] | None = None) -> tuple[Task, Tr
         raise ConfigError(unknown[0], f"not a training option nor an option of task {name!r}")
     config_values = {**cls.default_config, **{k: v for k, v in params.items() if k in config_names}}
     options = build(cls.Options, {k: v for k, v in params.items() if k in option_names})
-    return cls(options), build(TrainConfig, config_values)
+    config = build(TrainConfig, config_values)
+    if config.activation_checkpointing and not cls.supports_activation_checkpointing:
+        raise ConfigError("activation_checkpointing",
+                          f"task {name!r} has no blocks to recompute; only tasks that "
+                          "support it (charlm) accept true")
+    return cls(options), config

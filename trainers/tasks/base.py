@@ -48,6 +48,9 @@ class Task(abc.ABC):
         mutable_options: options that may change when a run resumes from a
             checkpoint (they change no parameter shape), e.g. dropout; PBT may
             mutate only these and the optimizer's hyperparameters.
+        supports_activation_checkpointing: whether ``build_model`` honours
+            ``config.activation_checkpointing`` (asking a task that does not is
+            an error, not a silent no-op).
     """
 
     name: ClassVar[str]
@@ -56,6 +59,7 @@ class Task(abc.ABC):
     objective: ClassVar[str]
     item_unit: ClassVar[Literal["sample", "token"]] = "sample"
     default_config: ClassVar[Mapping[str, Any]] = {}
+    supports_activation_checkpointing: ClassVar[bool] = False
     mutable_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, options: Any = None) -> None:

@@ -238,6 +238,7 @@ class CharLMTask(Task):
     objective = "val_loss"
     item_unit = "token"
     mutable_options = frozenset({"dropout"})
+    supports_activation_checkpointing = True
     default_config = {"micro_batch_size": 32, "lr": 3e-3, "weight_decay": 0.1,
                       "max_updates": 300, "max_epochs": None, "warmup_steps": 30,
                       "eval_interval": 100, "schedule": "cosine", "adam_beta2": 0.99}
