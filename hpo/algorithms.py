@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
 
 
 class Strict(BaseModel):
@@ -25,39 +33,39 @@ POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no s
 
 class TPESamplerSpec(Strict):
     name: Literal["tpe"]
-    seed: int | None = Field(0, ge=0, lt=2**32)
-    n_startup_trials: int = Field(10, ge=0)
+    seed: StrictInt | None = Field(0, ge=0, lt=2**32)
+    n_startup_trials: StrictInt = Field(10, ge=0)
     multivariate: bool = True
     constant_liar: bool = True
 
 
 class RandomSamplerSpec(Strict):
     name: Literal["random"]
-    seed: int | None = Field(0, ge=0, lt=2**32)
+    seed: StrictInt | None = Field(0, ge=0, lt=2**32)
 
 
 class GridSamplerSpec(Strict):
     name: Literal["grid"]
-    seed: int | None = Field(0, ge=0, lt=2**32)
+    seed: StrictInt | None = Field(0, ge=0, lt=2**32)
 
 
 class GPSamplerSpec(Strict):
     name: Literal["gp"]
-    seed: int | None = Field(0, ge=0, lt=2**32)
-    n_startup_trials: int = Field(10, ge=0)
+    seed: StrictInt | None = Field(0, ge=0, lt=2**32)
+    n_startup_trials: StrictInt = Field(10, ge=0)
 
 
 class CmaEsSamplerSpec(Strict):
     name: Literal["cmaes"]
-    seed: int | None = Field(0, ge=0, lt=2**32)
-    n_startup_trials: int = Field(1, ge=0)
-    sigma0: float | None = Field(None, gt=0)
+    seed: StrictInt | None = Field(0, ge=0, lt=2**32)
+    n_startup_trials: StrictInt = Field(1, ge=0)
+    sigma0: StrictFloat | None = Field(None, gt=0)
 
 
 class NSGA2SamplerSpec(Strict):
     name: Literal["nsga2"]
-    seed: int | None = Field(0, ge=0, lt=2**32)
-    population_size: int = Field(50, ge=2)
+    seed: StrictInt | None = Field(0, ge=0, lt=2**32)
+    population_size: StrictInt = Field(50, ge=2)
 
 
 SamplerSpec = Annotated[
@@ -70,33 +78,40 @@ SamplerSpec = Annotated[
 
 class MedianPrunerSpec(Strict):
     name: Literal["median"]
-    n_startup_trials: int = Field(5, ge=0)
-    n_warmup_steps: int = Field(0, ge=0)
-    interval_steps: int = Field(1, ge=1)
-    n_min_trials: int = Field(1, ge=1)
+    n_startup_trials: StrictInt = Field(5, ge=0)
+    n_warmup_steps: StrictInt = Field(0, ge=0)
+    interval_steps: StrictInt = Field(1, ge=1)
+    n_min_trials: StrictInt = Field(1, ge=1)
 
 
 class PercentilePrunerSpec(Strict):
     name: Literal["percentile"]
-    percentile: float = Field(..., ge=0, le=100)
-    n_startup_trials: int = Field(5, ge=0)
-    n_warmup_steps: int = Field(0, ge=0)
-    interval_steps: int = Field(1, ge=1)
-    n_min_trials: int = Field(1, ge=1)
+    percentile: StrictFloat = Field(..., ge=0, le=100)
+    n_startup_trials: StrictInt = Field(5, ge=0)
+    n_warmup_steps: StrictInt = Field(0, ge=0)
+    interval_steps: StrictInt = Field(1, ge=1)
+    n_min_trials: StrictInt = Field(1, ge=1)
 
 
 class SuccessiveHalvingPrunerSpec(Strict):
     name: Literal["successive-halving"]
-    min_resource: int | Literal["auto"] = "auto"
-    reduction_factor: int = Field(4, ge=2)
-    min_early_stopping_rate: int = Field(0, ge=0)
+    min_resource: StrictInt | Literal["auto"] = "auto"
+    reduction_factor: StrictInt = Field(4, ge=2)
+    min_early_stopping_rate: StrictInt = Field(0, ge=0)
+
+    @field_validator("min_resource")
+    @classmethod
+    def _min_resource(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be >= 1 or 'auto', got {v}")
+        return v
 
 
 class HyperbandPrunerSpec(Strict):
     name: Literal["hyperband"]
-    min_resource: int = Field(1, ge=1)
-    max_resource: int | Literal["auto"] = "auto"
-    reduction_factor: int = Field(3, ge=2)
+    min_resource: StrictInt = Field(1, ge=1)
+    max_resource: StrictInt | Literal["auto"] = "auto"
+    reduction_factor: StrictInt = Field(3, ge=2)
 
     @field_validator("max_resource")
     @classmethod
@@ -109,14 +124,14 @@ class HyperbandPrunerSpec(Strict):
 
 class WilcoxonPrunerSpec(Strict):
     name: Literal["wilcoxon"]
-    p_threshold: float = Field(0.1, gt=0, lt=1)
-    n_startup_steps: int = Field(2, ge=0)
+    p_threshold: StrictFloat = Field(0.1, gt=0, lt=1)
+    n_startup_steps: StrictInt = Field(2, ge=0)
 
 
 class PatientPrunerSpec(Strict):
     name: Literal["patient"]
-    patience: int = Field(..., ge=0)
-    min_delta: float = Field(0.0, ge=0)
+    patience: StrictInt = Field(..., ge=0)
+    min_delta: StrictFloat = Field(0.0, ge=0)
     wrapped: PrunerSpec | None = None
 
 
@@ -137,27 +152,27 @@ class AshaSchedulerSpec(Strict):
     """Asynchronous successive halving (Li et al., 2020), Ray's ``AsyncHyperBandScheduler``."""
 
     name: Literal["asha"]
-    max_t: int | None = Field(None, ge=1, description="default: the trials' planned updates")
-    grace_period: int = Field(1, ge=1)
-    reduction_factor: float = Field(4, gt=1)
-    brackets: int = Field(1, ge=1)
+    max_t: StrictInt | None = Field(None, ge=1, description="default: the trials' planned updates")
+    grace_period: StrictInt = Field(1, ge=1)
+    reduction_factor: StrictFloat = Field(4, gt=1)
+    brackets: StrictInt = Field(1, ge=1)
 
 
 class HyperbandSchedulerSpec(Strict):
     """Synchronous Hyperband (Li et al., 2018), Ray's ``HyperBandScheduler`` (pauses trials)."""
 
     name: Literal["hyperband"]
-    max_t: int | None = Field(None, ge=1)
-    reduction_factor: float = Field(3, gt=1)
+    max_t: StrictInt | None = Field(None, ge=1)
+    reduction_factor: StrictFloat = Field(3, gt=1)
 
 
 class MedianSchedulerSpec(Strict):
     """Median stopping rule (Golovin et al., Vizier, 2017), Ray's ``MedianStoppingRule``."""
 
     name: Literal["median"]
-    grace_period: int = Field(1, ge=0)
-    min_samples_required: int = Field(3, ge=1)
-    min_time_slice: int = Field(0, ge=0)
+    grace_period: StrictInt = Field(1, ge=0)
+    min_samples_required: StrictInt = Field(3, ge=1)
+    min_time_slice: StrictInt = Field(0, ge=0)
     hard_stop: bool = True
 
 
@@ -165,17 +180,17 @@ class PBTSchedulerSpec(Strict):
     """Population based training (Jaderberg et al., 2017), Ray's ``PopulationBasedTraining``."""
 
     name: Literal["pbt"]
-    perturbation_interval: int = Field(..., ge=1)
-    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
-    resample_probability: float = Field(0.25, ge=0, le=1)
+    perturbation_interval: StrictInt = Field(..., ge=1)
+    quantile_fraction: StrictFloat = Field(0.25, gt=0, le=0.5)
+    resample_probability: StrictFloat = Field(0.25, ge=0, le=1)
 
 
 class PB2SchedulerSpec(Strict):
     """Population based bandits (Parker-Holder et al., 2020), Ray's ``PB2``; numeric spaces."""
 
     name: Literal["pb2"]
-    perturbation_interval: int = Field(..., ge=1)
-    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
+    perturbation_interval: StrictInt = Field(..., ge=1)
+    quantile_fraction: StrictFloat = Field(0.25, gt=0, le=0.5)
 
 
 class OptunaPrunerSchedulerSpec(Strict):

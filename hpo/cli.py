@@ -1,13 +1,15 @@
 """The ``hpo`` command line.
 
-    hpo run SPEC [--storage URL] [--ray-address ADDR] [--results-dir DIR]
+    hpo run SPEC [--storage URL] [--ray-address ADDR] [--results-dir DIR] [--num-cpus N]
+    hpo worker --address HEAD:PORT [--num-gpus N] [--num-cpus N] [--resources JSON]
 
 Installed packages add commands through the entry-point group ``hpo.cli``;
 the service adds ``serve``, ``token create``, ``submit``, ``status``,
 ``trials``, ``stop`` and ``best`` (see ``service/cli.py``).
 
 Exit status: 0 done; 2 invalid spec or option (each problem on its own line,
-naming the field); 1 the study could not run (storage, cluster).
+naming the field); 1 the study could not run (storage, cluster); 130 interrupted
+(Ctrl-C, SIGTERM): running the same command again continues the study.
 """
 
 from __future__ import annotations
@@ -100,6 +102,13 @@ def run(
     requeued = f", {c.requeued} requeued" if c.requeued else ""
     out.print(f"study {result.name}: {c.finished} trials finished "
               f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed{requeued})")
+    if result.pareto_front:
+        metrics = [o.metric for o in spec.objectives]
+        out.print(f"Pareto front: {len(result.pareto_front)} trial(s)")
+        for number, values, params in result.pareto_front:
+            shown = ", ".join(f"{m} = {v:.6g}" for m, v in zip(metrics, values, strict=True))
+            out.print(f"  #{number}: {shown}  {params}")
+        return
     if result.best_number is None:
         out.print("no complete trial")
         return

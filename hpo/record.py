@@ -111,8 +111,10 @@ class StudyRecord:
     Args:
         spec: the validated study spec.
         storage: the Optuna storage (``hpo.storage.open_storage``).
-        device_per_worker: CPUs (or GPUs, when the trial uses GPUs) each worker
-            holds, times the number of workers: the rate of device-seconds.
+
+    A trial's ``device_seconds`` is its wall time times the devices it holds: the
+    GPUs (else CPUs) of each worker times the number of workers
+    (``spec.resources``).
     """
 
     def __init__(self, spec: StudySpec, storage: optuna.storages.BaseStorage) -> None:
@@ -268,7 +270,8 @@ class StudyRecord:
         It trained to its end when its function returned by itself (its last
         result is not ``done``: Tune marks ``done`` the result a scheduler stops
         a trial on, and no one noted a stop) or when its last result reached its
-        planned updates (ASHA stops trials at ``max_t`` too). ``stopped``: the
+        planned updates, or the scheduler's ``max_t`` if that is lower (ASHA and
+        Hyperband stop every trial there). ``stopped``: the
         whole experiment was stopped under it. A NaN or infinite objective ends
         it FAIL instead.
         """
@@ -277,7 +280,11 @@ class StudyRecord:
             return self.storage.get_trial(t.trial_id).state
         last = t.last
         planned = last.get("planned_updates")
-        at_end = planned is not None and last.get("step", 0) >= planned
+        # a trial's full budget: its planned updates, or the scheduler's max_t below them
+        # (ASHA and Hyperband stop every trial there; that is not a pruning)
+        max_t = getattr(self.spec.scheduler, "max_t", None)
+        budget = planned if max_t is None or planned is None else min(planned, max_t)
+        at_end = budget is not None and last.get("step", 0) >= budget
         returned = not stopped and t.stopped_by is None and not last.get("done", False)
         if not (returned or at_end) and (last or t.stopped_by):
             self._finish(t, TrialState.PRUNED, None, {
@@ -290,7 +297,9 @@ class StudyRecord:
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
             return self.fail(ray_trial_id, f"objective is {bad[0]} (not finite)")
-        reason = "reached its planned updates" if at_end else "stopped itself (early stopping)"
+        reason = ("stopped itself (early stopping)" if not at_end else
+                  "reached its planned updates" if budget == planned else
+                  f"reached the scheduler's max_t ({budget} updates)")
         self._finish(t, TrialState.COMPLETE, values, {"stop_reason": reason})
         return TrialState.COMPLETE
 

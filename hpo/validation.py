@@ -194,9 +194,14 @@ def _check_warm_start(spec: StudySpec) -> list[dict]:
         errors.append({"loc": "warm_start", "msg": f"up to {most} points (counting top_k) "
                        f"but budget.n_trials is {spec.budget.n_trials}: some would never run"})
     for i, entry in enumerate(spec.warm_start):
+        if spec.scheduler.name in POPULATION_SCHEDULERS:
+            # Ray's variant generator draws the population; points enqueued in the Optuna
+            # study would be recorded for trials that never ran them
+            errors.append({"loc": f"warm_start.{i}",
+                           "msg": f"{spec.scheduler.name} samples its own population: "
+                                  "warm start needs a sampler-driven scheduler"})
+            continue
         if isinstance(entry, WarmStartStudy):
-            if spec.scheduler.name in POPULATION_SCHEDULERS:
-                errors.append({"loc": f"warm_start.{i}", "msg": "PBT samples its own population"})
             continue
         for name, value in entry.params.items():
             loc = f"warm_start.{i}.params.{name}"

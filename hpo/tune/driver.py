@@ -55,6 +55,8 @@ class StudyOutcome:
     best_number: int | None
     best_value: float | None
     best_params: dict | None
+    # multi-objective: the Pareto-optimal COMPLETE trials as (number, values, params)
+    pareto_front: list[tuple[int, list[float], dict]] = dataclasses.field(default_factory=list)
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -301,11 +303,15 @@ def end_open_trials(record: StudyRecord, stopped_by: str) -> None:
 def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = False
             ) -> StudyOutcome:
     """Counts and best trial of the record's study, from the storage."""
-    best = None
-    if not record.spec.is_multi_objective and record.counts().complete:
+    best, front = None, []
+    counts = record.counts()
+    if counts.complete and record.spec.is_multi_objective:
+        front = [(t.number, list(t.values), dict(t.params)) for t in record.study.best_trials]
+    elif counts.complete:
         best = record.study.best_trial
-    return StudyOutcome(name=record.spec.name, counts=record.counts(), stopped=stopped,
+    return StudyOutcome(name=record.spec.name, counts=counts, stopped=stopped,
                         interrupted=interrupted,
                         best_number=best.number if best else None,
                         best_value=best.value if best else None,
-                        best_params=dict(best.params) if best else None)
+                        best_params=dict(best.params) if best else None,
+                        pareto_front=front)

@@ -180,6 +180,10 @@ def test_multi_objective_study_completes_with_all_values(sqlite_url, tmp_path):
     assert out.counts.complete == 2
     for t in trials:
         assert len(t.values) == 2 and t.values[1] == -t.values[0]
+    # the two objectives agree, so the Pareto front is the one best trial
+    best = min(trials, key=lambda t: t.values[0])
+    assert out.pareto_front == [(best.number, best.values, best.params)]
+    assert out.best_number is None
 
 
 def test_resources_no_node_can_provide_are_refused_naming_the_field(sqlite_url, tmp_path):

@@ -72,6 +72,19 @@ def test_stopped_at_its_planned_updates_is_complete(sqlite_url):
     assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
 
 
+def test_stopped_at_the_schedulers_max_t_is_complete(sqlite_url):
+    spec = _spec("max-t", scheduler={"name": "asha", "max_t": 20, "grace_period": 5})
+    record = StudyRecord(spec, open_storage(sqlite_url))
+    for ray_id, step in [("r1", 20), ("r2", 10)]:
+        record.ask(ray_id)
+        record.result(ray_id, _result(step, 1.0, done=True))
+        record.note_stop(ray_id, "asha")
+    assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
+    assert _trial(record, "r1").user_attrs["stop_reason"] == \
+        "reached the scheduler's max_t (20 updates)"
+    assert record.complete_or_prune("r2", "asha") == TrialState.PRUNED
+
+
 def test_trial_that_stopped_itself_early_is_complete(sqlite_url):
     record = StudyRecord(_spec("early-stop"), open_storage(sqlite_url))
     record.ask("r1")

@@ -110,6 +110,18 @@ INVALID = {
                                  "warm_start"),
     "pbt-architecture": (_with(scheduler={"name": "pbt", "perturbation_interval": 10}),
                          "search_space.width"),
+    "pbt-warm-start-points": (_with(scheduler={"name": "pbt", "perturbation_interval": 10},
+                                    search_space={"lr": {"type": "float", "low": 1e-3,
+                                                         "high": 1e-1, "log": True}},
+                                    warm_start=[{"params": {"lr": 0.01}}]), "warm_start.0"),
+    "successive-halving-min-resource": (_with(scheduler={
+        "name": "optuna-pruner", "pruner": {"name": "successive-halving", "min_resource": 0}}),
+        "scheduler.pruner.min_resource"),
+    "bool-as-sampler-seed": (_with(sampler={"name": "tpe", "seed": True}), "sampler.seed"),
+    "bool-as-asha-max-t": (_with(scheduler={"name": "asha", "max_t": True}), "scheduler.max_t"),
+    "bool-as-pbt-quantile": (_with(scheduler={"name": "pbt", "perturbation_interval": 10,
+                                              "quantile_fraction": True}),
+                             "scheduler.quantile_fraction"),
 }
 
 
