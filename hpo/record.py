@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 from hpo.errors import StudyExistsError
 from hpo.space import build_sampler, distributions
 from hpo.spec import StudySpec
+from hpo.storage import set_trial_user_attrs
 
 SPEC_ATTR = "hpo_spec"
 RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopted trial resumes
@@ -172,8 +173,8 @@ class StudyRecord:
 
         A requeued trial does not count against the budget (``Counts.finished``).
         """
-        self.storage.set_trial_user_attr(orphan.trial_id, "fail_reason", reason)
-        self.storage.set_trial_user_attr(orphan.trial_id, "requeued", True)
+        set_trial_user_attrs(self.storage, orphan.trial_id,
+                             {"fail_reason": reason, "requeued": True})
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
         self.study.enqueue_trial(orphan.params, user_attrs={"requeued_from": orphan.number})
 
@@ -339,9 +340,8 @@ class StudyRecord:
             "samples": t.last.get("samples"),
             **extra,
         }
-        for key, value in attrs.items():
-            if value is not None:
-                self.storage.set_trial_user_attr(t.trial_id, key, value)
+        set_trial_user_attrs(self.storage, t.trial_id,
+                             {k: v for k, v in attrs.items() if v is not None})
         self.study.tell(t.number, values, state=state, skip_if_finished=True)
         t.told = True
         if state == TrialState.COMPLETE and not self.spec.is_multi_objective:
