@@ -206,7 +206,7 @@ class Dispatcher:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "service.worker", name, claim],
                     stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
-                    env=child_env(self.settings.worker_env()))
+                    env=child_env(self.settings.worker_env()), start_new_session=True)
         self.drivers[name] = Driver(name, claim, proc, log_path)
         with self.sessions.begin() as session:
             session.execute(sa.update(StudyRow).where(
@@ -219,7 +219,7 @@ class Dispatcher:
             self.spare = subprocess.Popen(
                 [sys.executable, "-m", "service.worker", "--warm"], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env=child_env(self.settings.worker_env()))
+                env=child_env(self.settings.worker_env()), start_new_session=True)
 
     def _take_spare(self, assignment: str) -> subprocess.Popen | None:
         """Hand a study to the warm driver; ``None`` if there is none alive."""

@@ -35,8 +35,10 @@ class LocalRay:
 
     def __init__(self, num_cpus: int | None) -> None:
         argv = [sys.executable, "-m", "service.ray_head"] + ([str(num_cpus)] if num_cpus else [])
+        # its own session, as the study drivers: a Ctrl-C in the terminal reaches only
+        # `hpo serve`, which then stops drivers and Ray in order (they stay resumable)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     text=True, env=child_env({}))
+                                     text=True, env=child_env({}), start_new_session=True)
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -190,7 +191,8 @@ class ServerProcess:
     def start(self, timeout_s: float = 90) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen([sys.executable, "-m", "service.server"], cwd=REPO,
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # its group: a terminal's
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -201,10 +203,15 @@ class ServerProcess:
             time.sleep(0.3)
         raise RuntimeError(f"server not ready: {self.log()[-3000:]}")
 
-    def stop(self) -> int:
+    def stop(self, ctrl_c: bool = False) -> int:
+        """SIGTERM the server, or with ``ctrl_c`` SIGINT its whole process group (what a
+        terminal's Ctrl-C does); its exit status."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
-        self.proc.terminate()
+        if ctrl_c:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        else:
+            self.proc.terminate()
         try:
             return self.proc.wait(60)
         except subprocess.TimeoutExpired:

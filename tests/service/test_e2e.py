@@ -211,8 +211,10 @@ def test_a_study_needing_resources_no_node_has_fails_naming_the_field(server_pro
     assert "resources.gpus" in study["error"] and study["counts"]["running"] == 0
 
 
-def test_sigterm_requeues_a_running_study_and_the_next_start_finishes_it(server_process,
-                                                                         sqlite_url):
+def test_ctrl_c_requeues_a_running_study_and_the_next_start_finishes_it(server_process,
+                                                                        sqlite_url):
+    # Ctrl-C signals the whole process group: the drivers and the local Ray live in
+    # their own sessions, so only `hpo serve` hears it and stops them in order
     server = server_process(sqlite_url)
     token = _admin_token(sqlite_url)
     server.start()
@@ -222,7 +224,7 @@ def test_sigterm_requeues_a_running_study_and_the_next_start_finishes_it(server_
     httpx.post(f"{server.url}/v1/studies", json=spec, headers=bearer(token))
     wait_for(lambda: _study(server, token, "requeued")["counts"]["running"] > 0,
              what="a running trial")
-    assert server.stop() == 0  # SIGTERM: a clean shutdown
+    assert server.stop(ctrl_c=True) == 0
     import sqlalchemy as sa
 
     from service.db import StudyRow
