@@ -12,6 +12,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     ValidationInfo,
@@ -22,7 +23,9 @@ from pydantic import (
 class Strict(BaseModel):
     """Base of every spec model: unknown fields are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no inf/nan in any float option: the spec shown as JSON (where they become null)
+    # must be the spec that runs
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no searcher
@@ -35,8 +38,8 @@ class TPESamplerSpec(Strict):
     name: Literal["tpe"]
     seed: StrictInt | None = Field(0, ge=0, lt=2**32)
     n_startup_trials: StrictInt = Field(10, ge=0)
-    multivariate: bool = True
-    constant_liar: bool = True
+    multivariate: StrictBool = True
+    constant_liar: StrictBool = True
 
 
 class RandomSamplerSpec(Strict):
@@ -173,7 +176,7 @@ class MedianSchedulerSpec(Strict):
     grace_period: StrictInt = Field(1, ge=0)
     min_samples_required: StrictInt = Field(3, ge=1)
     min_time_slice: StrictInt = Field(0, ge=0)
-    hard_stop: bool = True
+    hard_stop: StrictBool = True
 
 
 class PBTSchedulerSpec(Strict):

@@ -22,7 +22,8 @@ class SpecError(HpoError, ValueError):
     """
 
     def __init__(self, errors: Sequence[dict[str, str]]) -> None:
-        self.errors = list(errors)
+        # messages quote the offending values: bounded, whatever the input's size
+        self.errors = [{**e, "msg": _bounded(e["msg"])} for e in errors]
         super().__init__("; ".join(f"{e['loc']}: {e['msg']}" if e["loc"] else e["msg"]
                                    for e in self.errors))
 
@@ -32,6 +33,10 @@ class SpecError(HpoError, ValueError):
     @classmethod
     def at(cls, loc: str, msg: str) -> SpecError:
         return cls([{"loc": loc, "msg": msg}])
+
+
+def _bounded(text: str, limit: int = 1000) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 class StorageError(HpoError):

@@ -56,6 +56,8 @@ __all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "StudySpec", "load_spec", "p
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 """Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""
+MAX_CHOICES = 1000  # choices of one categorical parameter
+MAX_GRID_POINTS = 1e9  # values of one stepped float parameter
 
 
 
@@ -67,10 +69,10 @@ class FloatParam(Strict):
     """A float in ``[low, high]``, optionally log-uniform or on a grid of ``step``."""
 
     type: Literal["float"]
-    log: bool = False
-    low: float
-    high: float
-    step: float | None = None
+    log: StrictBool = False
+    low: StrictFloat
+    high: StrictFloat
+    step: StrictFloat | None = None
 
     @field_validator("low")
     @classmethod
@@ -96,13 +98,16 @@ class FloatParam(Strict):
     def _step(cls, v: float | None, info: ValidationInfo) -> float | None:
         if v is None:
             return v
-        if v <= 0:
-            raise ValueError(f"must be > 0, got {v}")
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be a finite number > 0, got {v}")
         if info.data.get("log"):
             raise ValueError("cannot be combined with log: true")
         low, high = info.data.get("low"), info.data.get("high")
         if low is not None and high is not None:
             n = (high - low) / v
+            if not math.isfinite(n) or n > MAX_GRID_POINTS:
+                raise ValueError(f"{v} makes more than {MAX_GRID_POINTS:.0e} grid points in "
+                                 f"[{low}, {high}]")
             if abs(n - round(n)) > 1e-8 * max(1.0, abs(n)):
                 raise ValueError(f"{v} does not divide the range [{low}, {high}]")
         return v
@@ -112,7 +117,7 @@ class IntParam(Strict):
     """An integer in ``[low, high]`` with ``step``, optionally log-uniform."""
 
     type: Literal["int"]
-    log: bool = False
+    log: StrictBool = False
     low: StrictInt
     high: StrictInt
     step: StrictInt = 1
@@ -152,7 +157,8 @@ class CategoricalParam(Strict):
     """One of ``choices``: numbers, strings, booleans and null may be mixed (optuna#3129)."""
 
     type: Literal["categorical"]
-    choices: list[Choice]
+    # each choice is checked against the task (a few ms each): a bounded list
+    choices: list[Choice] = Field(..., max_length=MAX_CHOICES)
 
     @field_validator("choices")
     @classmethod
@@ -188,7 +194,7 @@ class Objective(Strict):
 
 class Budget(Strict):
     n_trials: StrictInt = Field(..., ge=1, le=100_000)
-    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    timeout_s: StrictFloat | None = Field(None, gt=0, allow_inf_nan=False)
     max_concurrent_trials: StrictInt = Field(1, ge=1, le=1024)
 
 
@@ -199,10 +205,10 @@ class Resources(Strict):
     which only the nodes started with them provide.
     """
 
-    cpus: float = Field(1.0, gt=0, le=1024, allow_inf_nan=False)
-    gpus: float = Field(0.0, ge=0, le=64, allow_inf_nan=False)
+    cpus: StrictFloat = Field(1.0, gt=0, le=1024, allow_inf_nan=False)
+    gpus: StrictFloat = Field(0.0, ge=0, le=64, allow_inf_nan=False)
     workers: StrictInt = Field(1, ge=1, le=1024)
-    custom: dict[str, float] = Field(default_factory=dict)
+    custom: dict[str, StrictFloat] = Field(default_factory=dict)
 
     @field_validator("custom")
     @classmethod
@@ -210,8 +216,8 @@ class Resources(Strict):
         for name, amount in v.items():
             if name.upper() in ("CPU", "GPU", "MEMORY") or not name:
                 raise ValueError(f"{name!r} is not a custom resource; use cpus or gpus")
-            if not amount > 0:
-                raise ValueError(f"{name}: must be > 0, got {amount}")
+            if not 0 < amount < math.inf:
+                raise ValueError(f"{name}: must be a finite number > 0, got {amount}")
         return v
 
     @field_validator("gpus")
@@ -340,14 +346,37 @@ def parse_text(text: str, *, json_only: bool = False) -> Any:
     Raises:
         SpecError: the text is not valid JSON/YAML.
     """
+    kind = "JSON" if json_only else "YAML"
     try:
-        return json.loads(text) if json_only else yaml.load(text, Loader=_UniqueKeyLoader)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise SpecError.at("", f"not valid {'JSON' if json_only else 'YAML'}: {e}") from None
+        if json_only:
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except RecursionError:
+        raise SpecError.at("", f"not valid {kind}: nested too deeply") from None
+    except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError, integers over 4300 digits
+        raise SpecError.at("", f"not valid {kind}: {str(e)[:500]}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping key given twice (it keeps the last silently)."""
+    """PyYAML's safe loader, refusing a mapping key given twice (it keeps the last silently)
+    and aliases (``*name``: a few hundred bytes of nested aliases expand to gigabytes)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not supported in a spec",
+                event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen = set()

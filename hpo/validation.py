@@ -54,6 +54,19 @@ def check_against_task(spec: StudySpec) -> StudySpec:
     return spec.model_copy(update={"objective": objective})
 
 
+def path_fields(spec: StudySpec) -> list[str]:
+    """Where ``spec`` sets a field that names a file-system path of the training machine
+    (``config.corpus``, ``search_space.cache_dir``, ...): a service lets only admins."""
+    try:
+        fields = _task_fields(trainers.get_task(spec.task))
+    except trainers.UnknownTaskError:
+        return []
+    paths = {name for name, info in fields.items() if info.path}
+    locs = [f"config.{name}" for name in spec.config if name in paths]
+    locs += [f"search_space.{name}" for name in spec.search_space if name in paths]
+    return locs
+
+
 def _task_fields(task_cls: type[trainers.Task]) -> dict[str, trainers.FieldInfo]:
     infos = trainers.describe(trainers.TrainConfig) + task_cls.fields()
     return {info.name: info for info in infos}

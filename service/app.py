@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from hpo.storage import open_storage
 from service import api_errors
@@ -72,6 +73,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api_errors.install(app)
     for router in (health.router, studies.router, tasks.router):
         app.include_router(router)
+
+    @app.api_route("/v1/{rest:path}", include_in_schema=False,
+                   methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    def unknown_api_path(rest: str) -> JSONResponse:
+        # without it, an unknown /v1 path falls through to the dashboard's HTML 404
+        return api_errors.error_response(404, "not_found", f"no such API path: /v1/{rest}")
+
     app.mount("/", build_dashboard(storage, sessions, settings))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -71,7 +71,8 @@ class TrainConfig:
     eval_interval: int | None = option(
         None, "evaluate every this many updates (>= 1); null: at the end of every epoch"
     )
-    checkpoint_dir: str | None = option(None, "directory for checkpoints; null: none written")
+    checkpoint_dir: str | None = option(None, "directory for checkpoints; null: none written",
+                                        path=True)
     checkpoint_interval: int | None = option(
         None, "checkpoint every this many updates (>= 1); null: at every evaluation"
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -28,9 +29,13 @@ from trainers.errors import ConfigError
 _KINDS = {int: "int", float: "float", bool: "bool", str: "str"}
 
 
-def option(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
-    """Declare a dataclass field with a default value and a help text."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def option(default: Any, help: str, path: bool = False) -> Any:  # noqa: A002 - argparse's
+    """Declare a dataclass field with a default value and a help text.
+
+    ``path``: the value names a file or directory on the machine that runs the
+    training (the service lets only admin tokens set such fields).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "path": path})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +49,7 @@ class FieldInfo:
         help: what the field means, its unit and valid range.
         nullable: whether ``None`` is accepted.
         choices: the accepted values of a ``"choice"`` field, else ``None``.
+        path: the value is a file-system path on the machine that trains.
     """
 
     name: str
@@ -52,6 +58,7 @@ class FieldInfo:
     help: str
     nullable: bool
     choices: tuple[Any, ...] | None = None
+    path: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,7 +86,8 @@ def describe(cls: type) -> list[FieldInfo]:
         else:
             kind, choices = _KINDS[base], None
         infos.append(
-            FieldInfo(f.name, kind, f.default, f.metadata.get("help", ""), nullable, choices)
+            FieldInfo(f.name, kind, f.default, f.metadata.get("help", ""), nullable, choices,
+                      f.metadata.get("path", False))
         )
     return infos
 
@@ -101,7 +109,7 @@ def coerce(info: FieldInfo, value: Any) -> Any:
     if info.kind == "choice":
         if value in info.choices and type(value) in {type(c) for c in info.choices}:
             return value
-        raise ConfigError(info.name, f"must be one of {list(info.choices)}, got {value!r}")
+        raise ConfigError(info.name, f"must be one of {list(info.choices)}, got {_short(value)}")
     if info.kind == "bool":
         if isinstance(value, bool):
             return value
@@ -117,7 +125,17 @@ def coerce(info: FieldInfo, value: Any) -> Any:
             return float(value)
     elif info.kind == "str" and isinstance(value, str):
         return value
-    raise ConfigError(info.name, f"expected {info.kind}, got {type(value).__name__} {value!r}")
+    raise ConfigError(info.name,
+                      f"expected {info.kind}, got {type(value).__name__} {_short(value)}")
+
+
+_REPR = reprlib.Repr()  # keyword arguments arrive only with Python 3.12
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 6, 80, 80
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, bounded in size and work however large ``value`` is."""
+    return _REPR.repr(value)
 
 
 def build(cls: type, values: Mapping[str, Any]) -> Any:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
-import yaml
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
+from hpo.errors import SpecError
+from hpo.spec import parse_text
 from service.db import Status
 from service.deps import Reader, StudiesDep, Writer
 from service.errors import MalformedBody, UnsupportedMediaType
@@ -20,7 +20,8 @@ JSON_TYPES = {"application/json"}
 YAML_TYPES = {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"}
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 422)}
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
-Offset = Annotated[int, Query(ge=0, description="items to skip")]
+Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="items to skip")]
+TrialNumber = Annotated[int, Path(ge=0, le=2**31 - 1, description="the trial's number")]
 
 
 async def read_spec_body(request: Request) -> Any:
@@ -30,19 +31,21 @@ async def read_spec_body(request: Request) -> Any:
         UnsupportedMediaType: neither JSON nor YAML.
         MalformedBody: not well-formed JSON/YAML, or not UTF-8.
     """
-    media = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    # media types are case-insensitive (RFC 9110); none given: JSON
+    media = (request.headers.get("content-type") or "application/json").split(";")[0]
+    media = media.strip().lower()
     if media not in JSON_TYPES | YAML_TYPES:
         raise UnsupportedMediaType(f"send the spec as application/json or application/yaml, "
                                    f"not {media}")
     body = await request.body()
     try:
         text = body.decode("utf-8")
-        return json.loads(text) if media in JSON_TYPES else yaml.safe_load(text)
     except UnicodeDecodeError:
         raise MalformedBody("the body is not UTF-8 text") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        kind = "JSON" if media in JSON_TYPES else "YAML"
-        raise MalformedBody(f"the body is not valid {kind}: {e}") from None
+    try:  # hpo's own parser: duplicate keys, YAML aliases and runaway nesting are refused
+        return parse_text(text, json_only=media in JSON_TYPES)
+    except SpecError as e:
+        raise MalformedBody(f"the body is {e.errors[0]['msg']}") from None
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut, responses=ERRORS,
@@ -83,7 +86,7 @@ def list_trials(name: str, who: Reader, studies: StudiesDep, offset: Offset = 0,
 
 
 @router.get("/{name}/trials/{number}", response_model=TrialOut, responses=ERRORS)
-def get_trial(name: str, number: int, who: Reader, studies: StudiesDep) -> TrialOut:
+def get_trial(name: str, number: TrialNumber, who: Reader, studies: StudiesDep) -> TrialOut:
     """One trial with its intermediate values."""
     return TrialOut.of(studies.trial(who, name, number), intermediate=True)
 

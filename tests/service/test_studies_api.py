@@ -79,6 +79,59 @@ def test_malformed_yaml_answers_400(client, tokens):
     assert r.status_code == 400 and "YAML" in r.json()["error"]["message"]
 
 
+_DEEP = "[" * 100_000 + "]" * 100_000
+_ALIAS_BOMB = "name: bomb\nconfig:\n  lr: [&a [x, x, x, x, x, x, x, x, x], [*a, *a, *a]]\n"
+
+
+@pytest.mark.parametrize("media, body, why", [
+    ("application/json", _DEEP, "nested too deeply"),
+    ("application/yaml", _DEEP, "nested too deeply"),
+    ("application/json", '{"budget": {"n_trials": ' + "9" * 5000 + "}}", "4300"),
+    ("application/json", '{"name": "a", "name": "b"}', "duplicate key 'name'"),
+    ("application/yaml", "name: a\nname: b\n", "duplicate key 'name'"),
+    ("application/yaml", _ALIAS_BOMB, "aliases (*a) are not supported"),
+], ids=["deep-json", "deep-yaml", "huge-int", "duplicate-json", "duplicate-yaml", "alias"])
+def test_bodies_that_would_exhaust_or_mislead_the_parser_answer_400(client, tokens, app, media,
+                                                                      body, why):
+    r = client.post("/v1/studies", content=body, headers={
+        **bearer(tokens["alice"]), "Content-Type": media})
+    assert r.status_code == 400, r.text
+    assert why in r.json()["error"]["message"] and len(r.text) < 2000
+    assert _stored(app) == ([], [])
+
+
+def test_media_types_are_case_insensitive(client, tokens):
+    r = client.post("/v1/studies", json=tiny_spec("cased"), headers={
+        **bearer(tokens["alice"]), "Content-Type": "Application/JSON; charset=UTF-8"})
+    assert r.status_code == 201, r.text
+
+
+def test_path_options_are_for_admins_only(client, tokens, app):
+    # charlm's corpus and cache_dir read and write the training machine's files
+    spec = {**tiny_spec("paths"), "task": "charlm", "config": {"corpus": "/etc/hostname"},
+            "search_space": {"cache_dir": {"type": "categorical", "choices": ["/tmp/x"]}},
+            "objective": {"metric": "val_loss"}}
+    r = client.post("/v1/studies", json=spec, headers=bearer(tokens["alice"]))
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["error"]["details"]] == [
+        "config.corpus", "search_space.cache_dir"]
+    assert _stored(app) == ([], [])
+
+
+@pytest.mark.parametrize("path", ["/v1/studies/s/trials/9223372036854775808",
+                                  "/v1/studies?offset=99999999999999999999",
+                                  "/v1/studies/s/trials?offset=99999999999999999999"])
+def test_out_of_range_numbers_in_the_address_answer_422(client, tokens, path):
+    client.post("/v1/studies", json=tiny_spec("s"), headers=bearer(tokens["alice"]))
+    r = client.get(path, headers=bearer(tokens["alice"]))
+    assert r.status_code == 422, r.text
+
+
+def test_unknown_api_path_answers_404_in_the_error_shape(client, tokens):
+    r = client.get("/v1/studies/a%2Fb/trials/1/x", headers=bearer(tokens["alice"]))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+
+
 @pytest.mark.parametrize("body", [[1, 2], "a string", 3, None])
 def test_json_that_is_not_an_object_answers_422(client, tokens, body):
     r = client.post("/v1/studies", content=json.dumps(body), headers={

@@ -49,8 +49,10 @@ from trainers.tasks.base import Task
 class CharLMOptions:
     """Options of the ``charlm`` task."""
 
-    corpus: str | None = option(None, "UTF-8 text file; null: the Python stdlib's .py files")
-    cache_dir: str | None = option(None, "token cache; null: $XDG_CACHE_HOME/hpo or ~/.cache/hpo")
+    corpus: str | None = option(None, "UTF-8 text file; null: the Python stdlib's .py files",
+                                path=True)
+    cache_dir: str | None = option(None, "token cache; null: $XDG_CACHE_HOME/hpo or ~/.cache/hpo",
+                                   path=True)
     block_size: int = option(128, "context length in characters (8..4096)")
     n_layer: int = option(2, "transformer blocks (1..48)")
     n_head: int = option(4, "attention heads; must divide d_model")
