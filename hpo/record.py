@@ -143,8 +143,7 @@ class StudyRecord:
             self.study.enqueue_trial(dict(params))
         trial = self.study.ask(self.distributions)
         trial.set_user_attr("ray_trial_id", ray_trial_id)
-        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number)
-        self.trials[ray_trial_id] = TrialProgress(trial.number, trial_id)
+        self.trials[ray_trial_id] = TrialProgress(trial.number, trial._trial_id)
         return dict(trial.params)
 
     def orphans(self) -> list[Orphan]:

@@ -23,6 +23,7 @@ from hpo.spec import (
 
 # Set per trial by the service; a spec may not fix or search them.
 MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
+                  "checkpoint_fsync": "set per trial by the service",
                   "device": "follows resources.gpus"}
 SINGLE_OBJECTIVE_SAMPLERS = {"cmaes", "gp"}
 

@@ -86,7 +86,7 @@ def best_checkpoint(root: Path) -> Path | None:
 
 
 def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any],
-                    keep_last: int) -> Path:
+                    keep_last: int, durable: bool = True) -> Path:
     """Write ``state`` as the checkpoint of ``step`` atomically, then apply retention.
 
     A checkpoint already present for the same step is replaced.
@@ -97,6 +97,9 @@ def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str
         state: tensors and plain Python values (``torch.save``).
         meta: JSON-compatible summary written beside it.
         keep_last: number of newest checkpoints kept, besides the best (>= 1).
+        durable: fsync files and directories, so the checkpoint survives an OS
+            crash; without it a killed process still never leaves a torn one
+            (temporary directory + rename).
 
     Returns:
         The checkpoint directory.
@@ -110,25 +113,28 @@ def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str
     with open(tmp / STATE_FILE, "wb") as f:
         torch.save(state, f)
         f.flush()
-        os.fsync(f.fileno())
-    write_atomically(tmp / META_FILE, json.dumps(meta, indent=1, sort_keys=True))
-    _fsync_dir(tmp)
+        if durable:
+            os.fsync(f.fileno())
+    write_atomically(tmp / META_FILE, json.dumps(meta, indent=1, sort_keys=True), durable)
+    if durable:
+        _fsync_dir(tmp)
     trash = None
     if final.exists():
         trash = root / f".trash-{tag}"
         os.rename(final, trash)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    if durable:
+        _fsync_dir(root)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
     _prune(root, keep_last)
     return final
 
 
-def mark_best(root: Path, step: int, metric: str, value: float) -> None:
+def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = True) -> None:
     """Record (atomically) that the checkpoint of ``step`` is the best so far."""
     payload = {"step": step, "metric": metric, "value": value}
-    write_atomically(Path(root) / BEST_FILE, json.dumps(payload))
+    write_atomically(Path(root) / BEST_FILE, json.dumps(payload), durable)
 
 
 def _prune(root: Path, keep_last: int) -> None:

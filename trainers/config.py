@@ -77,6 +77,10 @@ class TrainConfig:
         None, "checkpoint every this many updates (>= 1); null: at every evaluation"
     )
     keep_last_checkpoints: int = option(2, "checkpoints kept besides the best (>= 1)")
+    checkpoint_fsync: bool = option(
+        True, "fsync checkpoints before renaming them into place (they survive an OS crash); "
+              "false where each is copied elsewhere at once (a Ray Tune trial)"
+    )
     early_stopping_metric: str | None = option(
         None, "evaluation metric watched by early stopping; null: the task's objective"
     )

@@ -154,15 +154,20 @@ class ContiguousBlocks(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def write_atomically(path: Path, data: bytes | str) -> None:
-    """Write a file through a temporary file and ``os.replace`` (readers never see half)."""
+def write_atomically(path: Path, data: bytes | str, durable: bool = True) -> None:
+    """Write a file through a temporary file and ``os.replace`` (readers never see half).
+
+    ``durable``: fsync before the rename, so that the file survives an OS crash too
+    (a killed process never leaves half a file either way).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     mode = "wb" if isinstance(data, bytes) else "w"
     with open(tmp, mode) as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

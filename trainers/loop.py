@@ -304,7 +304,7 @@ class _Loop:
             saved = self._save(meta)
             if is_best and run.dist.is_main:
                 ckpt.mark_best(run.checkpoint_root, state.step, run.early_stopping_metric,
-                               state.best_value)
+                               state.best_value, durable=c.checkpoint_fsync)
         # the reporter's checkpoint of this step is the one just written, if any
         decision = self.reporter.report(metrics, lambda: saved or self._save(meta))
         if broadcast_flag(decision is Decision.STOP, run.dist):
@@ -383,7 +383,8 @@ class _Loop:
             "rng": self.rng_snapshot,
         }
         return ckpt.save_checkpoint(run.checkpoint_root, self.state.step, state, meta,
-                                    run.config.keep_last_checkpoints)
+                                    run.config.keep_last_checkpoints,
+                                    durable=run.config.checkpoint_fsync)
 
 
 def _restore(run: Run, state: TrainState, saved: dict[str, Any]) -> Window:

@@ -70,8 +70,9 @@ class TuneReporter:
 def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path):
     torch.set_num_threads(setup.threads)
     task, config = trainers.create(setup.task, {**setup.config, **params, "device": setup.device})
+    # a working copy: Tune copies each reported checkpoint to its storage at once
     return task, config.replace(checkpoint_dir=str(workdir / "checkpoints"),
-                                keep_last_checkpoints=1)
+                                keep_last_checkpoints=1, checkpoint_fsync=False)
 
 
 def _resume_point(params: dict[str, Any]) -> tuple[dict[str, Any], tune.Checkpoint | None]:

@@ -72,6 +72,21 @@ def test_resume_is_bit_identical_to_uninterrupted_run(k, tmp_path):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fsync", [True, False], ids=["durable", "no-fsync"])
+def test_checkpoints_are_fsynced_unless_asked_not_to_and_resume_either_way(fsync, tmp_path,
+                                                                          monkeypatch):
+    calls = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd)))
+    first = StopAt(4)
+    fit(RegressionTask(OPTIONS), _config(tmp_path, checkpoint_fsync=fsync), first)
+    assert bool(calls) == fsync
+    resumed = ListReporter()
+    fit(RegressionTask(OPTIONS), _config(tmp_path, checkpoint_fsync=fsync), resumed,
+        resume_from=tmp_path)
+    assert resumed.reports[0]["step"] == 5
+
+
 def test_checkpoint_holds_every_piece_of_state(tmp_path):
     fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=6, precision="fp16"))
     state = load_checkpoint(latest_checkpoint(tmp_path))
