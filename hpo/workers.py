@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+from hpo.spec import BUILTIN_RESOURCES
+
 DEFAULT_GCS_PORT = 6379
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
@@ -47,7 +49,7 @@ def ray_start_command(address: str, *, num_gpus: int | None = None,
                 isinstance(v, int | float) and not isinstance(v, bool) and v > 0
                 for v in parsed.values()):
             raise WorkerOptionError("--resources", "expected a JSON object of positive numbers")
-        builtin = sorted(k for k in parsed if k.upper() in ("CPU", "GPU", "MEMORY"))
+        builtin = sorted(k for k in parsed if k.upper() in BUILTIN_RESOURCES)
         if builtin:
             raise WorkerOptionError("--resources", f"{builtin[0]} is not a custom resource; "
                                                    "use --num-cpus / --num-gpus")
