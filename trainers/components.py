@@ -100,13 +100,10 @@ def build_run(task: Task, config: TrainConfig) -> Run:
     """Build every component of a run.
 
     Raises:
-        ConfigError: the early-stopping metric is not one the task reports, or
+        ConfigError: an option the task cannot honour (``Task.check_config``), or
             the device is not available.
     """
-    metric = config.early_stopping_metric or task.objective
-    if metric not in task.metrics:
-        raise ConfigError("early_stopping_metric",
-                          f"task {task.name!r} reports {sorted(task.metrics)}, not {metric!r}")
+    task.check_config(config)
     try:
         info = dist_info(config.device)
     except ValueError as e:
@@ -133,7 +130,7 @@ def build_run(task: Task, config: TrainConfig) -> Run:
         ema=EMA(model, config.ema_decay) if config.ema_decay is not None else None,
         autocast=autocast_factory(config, info.device), train_set=train_set, val_set=val_set,
         samples_per_rank=samples_per_rank, updates_per_epoch=per_epoch, total_steps=total,
-        early_stopping_metric=metric,
+        early_stopping_metric=config.early_stopping_metric or task.objective,
         checkpoint_root=Path(config.checkpoint_dir) if config.checkpoint_dir else None,
     )
 

@@ -70,6 +70,10 @@ def test_create_splits_params_and_names_bad_ones():
         create("digits", {"activation_checkpointing": True})
     assert info.value.field == "activation_checkpointing"
     assert create("charlm", {"activation_checkpointing": True})[1].activation_checkpointing
+    task, config = create("digits", {"max_epochs": 1})  # a config changed by hand: fit refuses
+    with pytest.raises(ConfigError) as info:
+        fit(task, config.replace(activation_checkpointing=True))
+    assert info.value.field == "activation_checkpointing"
 
 
 def test_installed_task_is_found_through_the_entry_point_group(tmp_path, monkeypatch):

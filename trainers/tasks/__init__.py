@@ -88,12 +88,5 @@ def create(name: str, params: Mapping[str, Any] | None = None) -> tuple[Task, Tr
     config_values = {**cls.default_config, **{k: v for k, v in params.items() if k in config_names}}
     options = build(cls.Options, {k: v for k, v in params.items() if k in option_names})
     config = build(TrainConfig, config_values)
-    metric = config.early_stopping_metric
-    if metric is not None and metric not in cls.metrics:
-        raise ConfigError("early_stopping_metric",
-                          f"task {name!r} reports {sorted(cls.metrics)}, not {metric!r}")
-    if config.activation_checkpointing and not cls.supports_activation_checkpointing:
-        raise ConfigError("activation_checkpointing",
-                          f"task {name!r} has no blocks to recompute; only tasks that "
-                          "support it (charlm) accept true")
+    cls.check_config(config)
     return cls(options), config

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from trainers.config import TrainConfig
+from trainers.errors import ConfigError
 from trainers.fields import FieldInfo, describe
 
 Direction = Literal["minimize", "maximize"]
@@ -114,3 +115,24 @@ class Task(abc.ABC):
     def fields(cls) -> list[FieldInfo]:
         """The task's own options (``TrainConfig`` fields are described separately)."""
         return describe(cls.Options)
+
+    @classmethod
+    def check_config(cls, config: TrainConfig) -> None:
+        """Refuse training options this task cannot honour.
+
+        Called by ``trainers.create`` and again by every run (``fit``), so a
+        config built by hand is held to the same rules.
+
+        Raises:
+            ConfigError: ``early_stopping_metric`` is not one of ``metrics``, or
+                ``activation_checkpointing`` is asked of a task that does not
+                support it.
+        """
+        metric = config.early_stopping_metric or cls.objective
+        if metric not in cls.metrics:
+            raise ConfigError("early_stopping_metric",
+                              f"task {cls.name!r} reports {sorted(cls.metrics)}, not {metric!r}")
+        if config.activation_checkpointing and not cls.supports_activation_checkpointing:
+            raise ConfigError("activation_checkpointing",
+                              f"task {cls.name!r} has no blocks to recompute; only tasks "
+                              "that support it (charlm) accept true")
