@@ -215,19 +215,22 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     """
     storage = open_storage(storage_url)
     results_dir = Path(results_dir)
+    cluster_checked = False
     if not _stored(storage, spec.name):  # refuse what cannot run before storing anything
         warm_start_points(spec, storage)
         check_budgets(spec)
         init_ray(ray_address, num_cpus)
         check_resources(spec)
+        cluster_checked = True
     record = StudyRecord(spec, storage)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
     with DriverLease(record.study):
         enqueue_warm_start(record)
         plan = plan_trials(record)
         if plan.n_ray_trials > 0:
-            init_ray(ray_address, num_cpus)
-            check_resources(spec)
+            if not cluster_checked:  # a stored study continued, perhaps on another cluster
+                init_ray(ray_address, num_cpus)
+                check_resources(spec)
             _run_tuner(spec, record, plan, results_dir, on_change, stopper)
     return outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted)
 

@@ -44,7 +44,9 @@ class _RecordStops:
 
 
 def _recording(base: type, record: StudyRecord, label: str, **kwargs) -> TrialScheduler:
-    cls = type(f"Recording{base.__name__}", (_RecordStops, base), {})
+    """``base`` with its stops recorded (``base`` may already be a recording subclass)."""
+    cls = base if issubclass(base, _RecordStops) else type(
+        f"Recording{base.__name__}", (_RecordStops, base), {})
     scheduler = cls(**kwargs)
     scheduler.record, scheduler.label = record, label
     return scheduler
@@ -123,10 +125,8 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
                           max_t=s.max_t or planned_updates, grace_period=s.grace_period,
                           reduction_factor=s.reduction_factor, brackets=s.brackets)
     if s.name == "hyperband":
-        scheduler = RecordingHyperBand(time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
-                                       reduction_factor=s.reduction_factor)
-        scheduler.record, scheduler.label = record, "hyperband"
-        return scheduler
+        return _recording(RecordingHyperBand, record, "hyperband", time_attr=TIME_ATTR,
+                          max_t=s.max_t or planned_updates, reduction_factor=s.reduction_factor)
     if s.name == "median":
         return _recording(MedianStoppingRule, record, "median", time_attr=TIME_ATTR,
                           grace_period=s.grace_period,
