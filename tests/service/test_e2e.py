@@ -147,16 +147,11 @@ def test_dashboard_pages_and_api_answer_while_a_study_runs_on_sqlite(server_proc
 
 def test_sigkill_of_the_server_mid_study_then_restart_completes_it_exactly(server_process,
                                                                             sqlite_url):
-    server = server_process(sqlite_url)
-    token = _admin_token(sqlite_url)
-    server.start()
     n_trials = 6
-    spec = tiny_spec("survivor", n_trials=n_trials,
-                     config={"max_epochs": 6, "micro_batch_size": 64, "width": 16})
-    httpx.post(f"{server.url}/v1/studies", json=spec, headers=bearer(token))
-    wait_for(lambda: _study(server, token, "survivor")["counts"]["running"] > 0,
-             what="a running trial")
-    driver_pid = wait_for(lambda: _driver_pid(sqlite_url, "survivor"), what="driver pid")
+    server, token = _serve_a_running_study(server_process, sqlite_url, "survivor", n_trials,
+                                           max_epochs=6)
+    driver_pid = wait_for(lambda: _row(sqlite_url, "survivor", "worker_pid"),
+                          what="driver pid")
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait()
     wait_for(lambda: not _alive(driver_pid), timeout_s=30, what="the driver to die with it")
@@ -177,16 +172,32 @@ def test_sigkill_of_the_server_mid_study_then_restart_completes_it_exactly(serve
     assert study["counts"]["requeued"] == len(requeued)
 
 
-def _driver_pid(database_url: str, name: str) -> int | None:
+def _serve_a_running_study(server_process, database_url: str, name: str, n_trials: int,
+                           max_epochs: int):
+    """A started server and an admin token, once a study of ``name`` has a running trial."""
+    server = server_process(database_url)
+    token = _admin_token(database_url)
+    server.start()
+    spec = tiny_spec(name, n_trials=n_trials,
+                     config={"max_epochs": max_epochs, "micro_batch_size": 64, "width": 16})
+    httpx.post(f"{server.url}/v1/studies", json=spec, headers=bearer(token))
+    wait_for(lambda: _study(server, token, name)["counts"]["running"] > 0,
+             what="a running trial")
+    return server, token
+
+
+def _row(database_url: str, name: str, column: str):
+    """One column of the study's row in the service's table, read straight from the database."""
     import sqlalchemy as sa
 
     from service.db import StudyRow
 
     engine = build_engine(database_url)
     with engine.connect() as conn:
-        pid = conn.execute(sa.select(StudyRow.worker_pid).where(StudyRow.name == name)).scalar()
+        value = conn.execute(sa.select(getattr(StudyRow, column))
+                             .where(StudyRow.name == name)).scalar()
     engine.dispose()
-    return pid
+    return value
 
 
 def _alive(pid: int) -> bool:
@@ -215,26 +226,11 @@ def test_ctrl_c_requeues_a_running_study_and_the_next_start_finishes_it(server_p
                                                                         sqlite_url):
     # Ctrl-C signals the whole process group: the drivers and the local Ray live in
     # their own sessions, so only `hpo serve` hears it and stops them in order
-    server = server_process(sqlite_url)
-    token = _admin_token(sqlite_url)
-    server.start()
     n_trials = 4
-    spec = tiny_spec("requeued", n_trials=n_trials,
-                     config={"max_epochs": 8, "micro_batch_size": 64, "width": 16})
-    httpx.post(f"{server.url}/v1/studies", json=spec, headers=bearer(token))
-    wait_for(lambda: _study(server, token, "requeued")["counts"]["running"] > 0,
-             what="a running trial")
+    server, token = _serve_a_running_study(server_process, sqlite_url, "requeued", n_trials,
+                                           max_epochs=8)
     assert server.stop(ctrl_c=True) == 0
-    import sqlalchemy as sa
-
-    from service.db import StudyRow
-
-    engine = build_engine(sqlite_url)
-    with engine.connect() as conn:
-        status = conn.execute(sa.select(StudyRow.status).where(
-            StudyRow.name == "requeued")).scalar_one()
-    engine.dispose()
-    assert status == "QUEUED"
+    assert _row(sqlite_url, "requeued", "status") == "QUEUED"
     record = optuna.load_study(study_name="requeued", storage=open_storage(sqlite_url))
     assert not [t for t in record.trials if t.user_attrs.get("stopped_by") == "user"]
     server.start()
