@@ -35,21 +35,24 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'optuna.db'}"
 
 
-def postgres_url() -> str | None:
-    """The test PostgreSQL URL if the server answers, else None."""
-    url = os.environ.get("HPO_TEST_DATABASE_URL")
-    if not url:
-        return None
+def postgres_unreachable(url: str) -> str | None:
+    """``None`` when PostgreSQL answers at ``url``, else why not (a skip reason)."""
     import sqlalchemy
 
     try:
         engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 3})
-        with engine.connect():
-            pass
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT 1"))
         engine.dispose()
-    except Exception:  # noqa: BLE001 - any failure means "not available here"
-        return None
-    return url
+    except Exception as e:  # noqa: BLE001 - any failure means "not available here"
+        return f"PostgreSQL unreachable at HPO_TEST_DATABASE_URL={url}: {type(e).__name__}"
+    return None
+
+
+def postgres_url() -> str | None:
+    """The test PostgreSQL URL if the server answers, else None."""
+    url = os.environ.get("HPO_TEST_DATABASE_URL")
+    return url if url and postgres_unreachable(url) is None else None
 
 
 @pytest.fixture

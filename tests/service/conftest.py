@@ -29,6 +29,7 @@ import uvicorn
 from service.app import create_app
 from service.auth import create_token
 from service.settings import Settings
+from tests.conftest import postgres_unreachable
 
 with warnings.catch_warnings():  # starlette's TestClient asks for httpx2, which is not needed
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
@@ -60,21 +61,9 @@ def bearer(token: str) -> dict[str, str]:
 # -- databases --------------------------------------------------------------------------
 
 
-def _pg_reachable() -> str | None:
-    """``None`` when PostgreSQL answers at PG_URL, else why not."""
-    try:
-        engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 3})
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-        engine.dispose()
-        return None
-    except Exception as e:  # any failure to connect means: skip
-        return f"PostgreSQL unreachable at HPO_TEST_DATABASE_URL={PG_URL}: {type(e).__name__}"
-
-
 @pytest.fixture(scope="session")
 def pg_available() -> None:
-    reason = _pg_reachable()
+    reason = postgres_unreachable(PG_URL)
     if reason:
         pytest.skip(reason)
 
