@@ -54,6 +54,7 @@ class TrialProgress:
     values: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (step, objective)
     stopped_by: str | None = None
     told: bool = False
+    checkpoint: str | None = None  # the ``checkpoint`` attribute as last written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +164,8 @@ class StudyRecord:
     def adopt(self, ray_trial_id: str, orphan: Orphan) -> None:
         """Continue an orphan's Optuna trial with a new Ray trial (resumed from its checkpoint)."""
         self.trials[ray_trial_id] = TrialProgress(orphan.number, orphan.trial_id,
-                                                  values=list(orphan.values))
+                                                  values=list(orphan.values),
+                                                  checkpoint=orphan.checkpoint)
         self.storage.set_trial_user_attr(orphan.trial_id, "ray_trial_id", ray_trial_id)
         self._bump(orphan.trial_id, "resumed_after_driver_loss")
 
@@ -203,8 +205,9 @@ class StudyRecord:
     def checkpointed(self, ray_trial_id: str, location: str) -> None:
         """Remember a trial's newest persisted checkpoint (what a new driver resumes from)."""
         t = self.trials.get(ray_trial_id)
-        if t is not None and not t.told:
+        if t is not None and not t.told and location != t.checkpoint:
             self.storage.set_trial_user_attr(t.trial_id, "checkpoint", location)
+            t.checkpoint = location
 
     def restarted(self, ray_trial_id: str) -> None:
         """Tune restarts a failed trial (``max_failures``): count it, bank its wall time."""
@@ -330,10 +333,11 @@ class StudyRecord:
         if t.started is not None:
             t.wall_time_s += time.monotonic() - t.started
             t.started = None
+        checkpoint = t.last.get("checkpoint_location")
         attrs = {
             "node_ip": t.last.get("node_ip"),
             "node_id": t.last.get("node_id"),
-            "checkpoint": t.last.get("checkpoint_location"),
+            "checkpoint": checkpoint if checkpoint != t.checkpoint else None,  # written already
             "wall_time_s": round(t.wall_time_s, 3),
             "device_seconds": round(t.wall_time_s * self.devices_held, 3),
             "samples": t.last.get("samples"),

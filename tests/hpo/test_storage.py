@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from hpo.errors import StorageError
-from hpo.storage import open_storage, redact, sqlite_path
+from hpo.storage import open_storage, redact, set_trial_user_attrs, sqlite_path
 
 
 def test_sqlite_is_opened_in_wal_mode_with_a_busy_timeout(tmp_path):
@@ -88,3 +88,43 @@ def test_unreachable_database_is_a_storage_error_without_the_password():
     assert "***" in redact("postgresql+psycopg://user:s3cret@host/db")
     with pytest.raises(StorageError):
         open_storage("notadb://x")
+
+
+ATTRS = {"checkpoint": "/runs/a/checkpoint_000001", "wall_time_s": 1.25, "samples": 1437,
+         "stopped_by": None, "nested": {"old": {"lr": 0.1}, "new": [1, 2.5, "x"]}, "flag": True}
+
+
+def _bulk_matches_per_key(storage, name: str) -> None:
+    study = optuna.create_study(study_name=name, storage=storage)
+    bulk, one_by_one = study.ask(), study.ask()
+    for trial in (bulk, one_by_one):
+        trial.set_user_attr("checkpoint", "/runs/old")  # overwritten below
+        trial.set_user_attr("ray_trial_id", "abc_00001")  # kept
+    set_trial_user_attrs(storage, bulk._trial_id, ATTRS)
+    for key, value in ATTRS.items():
+        storage.set_trial_user_attr(one_by_one._trial_id, key, value)
+    got = storage.get_trial(bulk._trial_id).user_attrs
+    assert got == storage.get_trial(one_by_one._trial_id).user_attrs
+    assert got == {**ATTRS, "ray_trial_id": "abc_00001"}
+    study.tell(bulk, 1.0)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        set_trial_user_attrs(storage, bulk._trial_id, {"late": 1})
+    assert "late" not in storage.get_trial(bulk._trial_id).user_attrs
+    with pytest.raises(KeyError):
+        set_trial_user_attrs(storage, 10**9, {"x": 1})
+
+
+def test_bulk_user_attributes_match_optunas_own_setter_on_sqlite(tmp_path):
+    _bulk_matches_per_key(open_storage(f"sqlite:///{tmp_path / 'a.db'}"), "bulk")
+
+
+def test_bulk_user_attributes_match_optunas_own_setter_on_postgresql(pg_url, unique_name):
+    _bulk_matches_per_key(open_storage(pg_url), unique_name)
+
+
+def test_bulk_user_attributes_on_other_storages_go_key_by_key():
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage)
+    trial = study.ask()
+    set_trial_user_attrs(storage, trial._trial_id, ATTRS)
+    assert storage.get_trial(trial._trial_id).user_attrs == ATTRS
