@@ -51,7 +51,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dispatcher = Dispatcher(settings, sessions, study_service)
         study_service.on_queued = dispatcher.wake
     readiness = Readiness(engine, settings.ray_address,
-                          dispatcher.alive if dispatcher is not None else None)
+                          dispatcher.alive if dispatcher is not None else None,
+                          dispatcher.warm_driver if dispatcher is not None
+                          and settings.warm_drivers else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

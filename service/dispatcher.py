@@ -76,6 +76,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.spare: subprocess.Popen | None = None
+        self.spare_ready = threading.Event()  # the current spare said "ready"
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -214,12 +215,25 @@ class Dispatcher:
         log.info("study %s: driver started (pid %d, log %s)", name, proc.pid, log_path)
 
     def _start_spare(self) -> None:
-        """Keep a warm driver process ready (it imports Ray and torch, then waits)."""
+        """Keep a warm driver process ready: it imports Ray and torch, joins the cluster,
+        says ``ready`` on its stdout, then waits for a study on its stdin."""
         if self.settings.warm_drivers and (self.spare is None or self.spare.poll() is not None):
+            ready = threading.Event()
             self.spare = subprocess.Popen(
                 [sys.executable, "-m", "service.worker", "--warm"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env=child_env(self.settings.worker_env()), start_new_session=True)
+            self.spare_ready = ready
+            threading.Thread(target=_await_ready, args=(self.spare, ready), daemon=True,
+                             name="hpo-warm-driver").start()
+
+    def warm_driver(self) -> str:
+        """The warm driver's state: ``ready`` (imports done, cluster joined), ``starting``,
+        or ``none`` (none is kept while studies run here, or it exited)."""
+        spare, ready = self.spare, self.spare_ready
+        if spare is None or spare.poll() is not None:
+            return "none"
+        return "ready" if ready.is_set() else "starting"
 
     def _take_spare(self, assignment: str) -> subprocess.Popen | None:
         """Hand a study to the warm driver; ``None`` if there is none alive."""
@@ -268,6 +282,15 @@ class Dispatcher:
                 self.studies.purge(name)
             elif created_at.timestamp() < cutoff:
                 self.studies.undo_create(name, delete_optuna=True)
+
+
+def _await_ready(spare: subprocess.Popen, ready: threading.Event) -> None:
+    """Set ``ready`` when the warm driver says so. Its stdout then reaches end of file:
+    the driver writes nothing else there (see ``service.worker.wait_for_study``)."""
+    with contextlib.suppress(OSError, ValueError), spare.stdout:
+        if spare.stdout.readline().strip() == b"ready":
+            ready.set()
+        spare.stdout.read()
 
 
 def _interrupt(proc: subprocess.Popen) -> None:

@@ -44,16 +44,21 @@ class Readiness:
         engine: the service's database engine.
         ray_address: the cluster the drivers join (``None``: not checked).
         dispatcher_alive: ``None`` when this process runs no dispatcher.
+        warm_driver: the warm driver's state (``ready``, ``starting``, ``none``;
+            informational, never makes the service unready); ``None``: none is kept.
     """
 
     def __init__(self, engine: sa.Engine, ray_address: str | None,
-                 dispatcher_alive: Callable[[], bool] | None = None) -> None:
+                 dispatcher_alive: Callable[[], bool] | None = None,
+                 warm_driver: Callable[[], str] | None = None) -> None:
         self.engine = engine
         self.ray_address = ray_address
         self.dispatcher_alive = dispatcher_alive
+        self.warm_driver = warm_driver
 
     def checks(self) -> dict[str, str]:
-        """``{"database": "ok" | "error: ...", "ray": ..., "dispatcher": ...}``."""
+        """``{"database": "ok" | "error: ...", "ray": ..., "dispatcher": ..., "warm_driver":
+        "ready" | "starting" | "none"}``."""
         out = {"database": self._database()}
         endpoint = gcs_endpoint(self.ray_address)
         if endpoint is not None:
@@ -63,6 +68,8 @@ class Readiness:
             out["ray"] = "not configured"
         if self.dispatcher_alive is not None:
             out["dispatcher"] = "ok" if self.dispatcher_alive() else "error: not running"
+        if self.warm_driver is not None:
+            out["warm_driver"] = self.warm_driver()
         return out
 
     def _database(self) -> str:

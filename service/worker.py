@@ -21,6 +21,7 @@ dispatcher took the study over); 70 the service is gone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -152,21 +153,41 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
 
 
 def wait_for_study() -> list[str] | None:
-    """A warm driver: import Ray, torch and the driver now, then read ``NAME CLAIM LOG``
-    from stdin; send this process's output to ``LOG``. ``None`` at end of input."""
-    import hpo.tune.driver  # noqa: F401 - the seconds of imports a cold driver would spend
+    """A warm driver: import Ray, torch and the driver now, join the cluster, write
+    ``ready`` on stdout (the only line it ever writes there), then read ``NAME CLAIM LOG``
+    from stdin and send this process's output to ``LOG``. ``None`` at end of input.
 
+    A cluster that cannot be joined now is not an error here: ``run_study`` tries again
+    and fails the study with the reason.
+    """
+    announce = os.fdopen(os.dup(1), "w")
+    _redirect_output(os.devnull)  # whatever the imports or Ray print stays off that pipe
+    from hpo.errors import ClusterError
+    from hpo.tune.driver import init_ray  # the seconds of imports a cold driver would spend
+
+    address = Settings.from_env().ray_address
+    if address:
+        with contextlib.suppress(ClusterError):
+            init_ray(address)
+    with contextlib.suppress(OSError):
+        announce.write("ready\n")
+        announce.close()
     line = sys.stdin.readline().split()
     if len(line) != 3:
         return None
     name, claim, log_path = line
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    _redirect_output(log_path)
+    return [name, claim]
+
+
+def _redirect_output(path: str) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2) at ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    return [name, claim]
 
 
 def main(argv: list[str] | None = None) -> int:

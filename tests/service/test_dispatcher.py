@@ -212,16 +212,20 @@ def test_a_warm_driver_is_kept_while_idle_and_handed_the_next_study(world):
     d.run_once()
     spare = d.spare
     assert spare is not None and spare.poll() is None
+    assert d.spare_ready.wait(180), "the warm driver never said ready"
+    assert d.warm_driver() == "ready"
     submit("warm")
     # a claim the row does not hold: the warm driver must say so in the study's log and exit
     _set(app, "warm", status=Status.RUNNING, claimed_by="someone:else")
     d._spawn("warm", f"{d.id}:x")
     assert d.drivers["warm"].proc is spare and d.spare is None  # no new import while busy
+    assert d.warm_driver() == "none"
     assert spare.wait(180) == 75
     assert f"claim {d.id}:x lost" in d.drivers["warm"].log_path.read_text()
     d.drivers.clear()
     _set(app, "warm", status=Status.FAILED)
     d.run_once()  # idle again: a new warm driver
     assert d.spare is not None and d.spare is not spare
+    assert d.warm_driver() in ("starting", "ready")
     d.shutdown(grace_s=5)
     assert d.spare.poll() is not None

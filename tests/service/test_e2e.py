@@ -42,6 +42,9 @@ def test_a_study_submitted_over_http_runs_on_ray_into_the_optuna_record(
     server = server_process(pg_url)
     token = _admin_token(pg_url)
     server.start()
+    # the warm driver imports, joins the Ray cluster, and says so; it then runs the study
+    wait_for(lambda: httpx.get(f"{server.url}/readyz").json()["checks"]["warm_driver"]
+             == "ready", what="the warm driver to be ready")
     r = httpx.post(f"{server.url}/v1/studies", json=tiny_spec("e2e", n_trials=3),
                    headers=bearer(token), timeout=60)
     assert r.status_code == 201, r.text
@@ -61,6 +64,8 @@ def test_a_study_submitted_over_http_runs_on_ray_into_the_optuna_record(
                        headers=bearer(token)).json()
     assert [t["number"] for t in trials["items"]] == [0, 1, 2]
     assert all(t["intermediate_values"] for t in trials["items"])
+    wait_for(lambda: httpx.get(f"{server.url}/readyz").json()["checks"]["warm_driver"]
+             != "none", what="a new warm driver once idle")
     assert server.stop() == 0  # SIGTERM: a clean shutdown
     assert "Application shutdown complete" in server.log()
 
