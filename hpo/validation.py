@@ -177,6 +177,12 @@ def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
         errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
     if scheduler in POPULATION_SCHEDULERS:
         errors += _check_mutable_in_training(spec)
+        if spec.search_space and all(isinstance(p, CategoricalParam) and len(p.choices) == 1
+                                     for p in spec.search_space.values()):
+            # numeric parameters always hold two values or more (high > low, steps divide)
+            errors.append({"loc": "search_space",
+                           "msg": f"{scheduler} needs a parameter with two values or more to "
+                                  "mutate; every parameter here has one"})
     if scheduler == "pb2":
         for name, param in spec.search_space.items():
             if isinstance(param, CategoricalParam):

@@ -114,6 +114,9 @@ INVALID = {
                                     search_space={"lr": {"type": "float", "low": 1e-3,
                                                          "high": 1e-1, "log": True}},
                                     warm_start=[{"params": {"lr": 0.01}}]), "warm_start.0"),
+    "pbt-nothing-to-mutate": (_with(scheduler={"name": "pbt", "perturbation_interval": 10},
+                                    search_space={"lr": {"type": "categorical",
+                                                         "choices": [0.01]}}), "search_space"),
     "successive-halving-min-resource": (_with(scheduler={
         "name": "optuna-pruner", "pruner": {"name": "successive-halving", "min_resource": 0}}),
         "scheduler.pruner.min_resource"),
