@@ -77,13 +77,14 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self.spare: subprocess.Popen | None = None
         self.spare_ready = threading.Event()  # the current spare said "ready"
+        self._grace_s = SHUTDOWN_GRACE_S
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Finish interrupted creates/deletes, then dispatch in a background thread."""
+        """Finish interrupted creates/deletes, then dispatch in a background thread (which
+        starts every driver and warm driver, see ``_loop``)."""
         self.recover_interrupted_writes()
-        self._start_spare()
         self._thread = threading.Thread(target=self._loop, name="hpo-dispatcher", daemon=True)
         self._thread.start()
 
@@ -101,10 +102,16 @@ class Dispatcher:
         resumable from their checkpoints) and puts it back to QUEUED, so the next
         start continues it.
         """
+        self._grace_s = grace_s
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join()  # the thread stops the drivers it started (see _loop)
+        else:
+            self._stop_children(grace_s)
+        self.reap()
+
+    def _stop_children(self, grace_s: float) -> None:
         if self.spare is not None:
             stop_process(self.spare, grace_s)
         for driver in list(self.drivers.values()):
@@ -114,16 +121,22 @@ class Dispatcher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 driver.proc.wait(max(0.0, deadline - time.monotonic()))
             stop_process(driver.proc, timeout_s=5)
-        self.reap()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception:  # the loop must outlive a database hiccup
-                log.exception("dispatcher round failed")
-            self._wake.wait(self.settings.dispatch_interval_s)
-            self._wake.clear()
+        """Dispatch until ``shutdown``, then stop the drivers from this same thread: Linux
+        sends a child's parent-death signal (``die_with_parent``) when the *thread* that
+        started it exits (prctl(2), PR_SET_PDEATHSIG), so leaving this thread first would
+        SIGKILL every driver it started before it could requeue its study."""
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.run_once()
+                except Exception:  # the loop must outlive a database hiccup
+                    log.exception("dispatcher round failed")
+                self._wake.wait(self.settings.dispatch_interval_s)
+                self._wake.clear()
+        finally:
+            self._stop_children(self._grace_s)
 
     def run_once(self) -> None:
         """One round: reap drivers, take over abandoned studies, claim queued ones."""

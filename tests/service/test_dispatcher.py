@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import optuna
 import pytest
@@ -16,6 +17,7 @@ from service.app import create_app
 from service.auth import create_token
 from service.db import Status, StudyRow, utcnow
 from service.dispatcher import Dispatcher, Driver
+from service.process import child_env
 from service.settings import Settings
 from tests.service.conftest import REPO, TestClient, bearer, tiny_spec
 
@@ -229,3 +231,36 @@ def test_a_warm_driver_is_kept_while_idle_and_handed_the_next_study(world):
     assert d.warm_driver() in ("starting", "ready")
     d.shutdown(grace_s=5)
     assert d.spare.poll() is not None
+
+
+# a stand-in driver: dies with its parent as real drivers do, says so, and exits 0 when told
+# to interrupt (what a real driver does after requeuing its study)
+_INTERRUPTIBLE = ("from service.process import die_with_parent; die_with_parent(); "
+                  "print('armed', flush=True); import sys; sys.stdin.readline()")
+
+
+class InterruptibleDispatcher(Dispatcher):
+    def _spawn(self, name: str, claim: str) -> None:
+        proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTIBLE], cwd=REPO,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                env=child_env({}), start_new_session=True)
+        self.drivers[name] = Driver(name, claim, proc, self.settings.results_dir / "none.log")
+
+
+def test_shutdown_interrupts_the_drivers_its_thread_started_instead_of_killing_them(world):
+    """Linux sends the parent-death signal when the parent *thread* exits: the dispatcher's
+    thread must outlive its drivers' interruption (all but the first warm driver were
+    SIGKILLed at shutdown, their studies ending FAILED instead of QUEUED)."""
+    app, submit, dispatcher = world
+    d = InterruptibleDispatcher(Settings(**{**dispatcher().settings.__dict__,
+                                            "dispatch_interval_s": 0.1}),
+                                app.state.components.sessions, app.state.components.studies)
+    submit("t1")
+    d.start()
+    deadline = time.monotonic() + 60
+    while "t1" not in d.drivers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc = d.drivers["t1"].proc
+    assert proc.stdout.readline() == b"armed\n"  # its parent-death signal is set
+    d.shutdown(grace_s=20)
+    assert proc.returncode == 0, f"the driver ended with {proc.returncode}"
