@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -57,3 +58,26 @@ def ray_start_command(address: str, *, num_gpus: int | None = None,
     if block:
         command.append("--block")
     return command
+
+
+def gcs_endpoint(address: str | None) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address such as ``10.0.0.1:6379`` or ``ray://h:10001``.
+
+    Returns ``None`` for ``auto`` or no address (nothing to probe).
+    """
+    if not address or address == "auto":
+        return None
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def tcp_reachable(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout_s`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

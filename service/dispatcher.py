@@ -76,7 +76,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.spare: subprocess.Popen | None = None
-        self.spare_ready = threading.Event()  # the current spare said "ready"
+        self.spare_said = Announcement()  # what the current warm driver said
         self._grace_s = SHUTDOWN_GRACE_S
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -231,22 +231,23 @@ class Dispatcher:
         """Keep a warm driver process ready: it imports Ray and torch, joins the cluster,
         says ``ready`` on its stdout, then waits for a study on its stdin."""
         if self.settings.warm_drivers and (self.spare is None or self.spare.poll() is not None):
-            ready = threading.Event()
+            said = Announcement()
             self.spare = subprocess.Popen(
                 [sys.executable, "-m", "service.worker", "--warm"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env=child_env(self.settings.worker_env()), start_new_session=True)
-            self.spare_ready = ready
-            threading.Thread(target=_await_ready, args=(self.spare, ready), daemon=True,
+            self.spare_said = said
+            threading.Thread(target=said.read, args=(self.spare,), daemon=True,
                              name="hpo-warm-driver").start()
 
     def warm_driver(self) -> str:
-        """The warm driver's state: ``ready`` (imports done, cluster joined), ``starting``,
-        or ``none`` (none is kept while studies run here, or it exited)."""
-        spare, ready = self.spare, self.spare_ready
+        """The warm driver's state: ``ready`` (imports done, cluster joined), ``unjoined``
+        (imports done, the cluster could not be joined: a study handed to it tries again),
+        ``starting``, or ``none`` (none is kept while studies run here, or it exited)."""
+        spare, said = self.spare, self.spare_said
         if spare is None or spare.poll() is not None:
             return "none"
-        return "ready" if ready.is_set() else "starting"
+        return said.state if said.done.is_set() else "starting"
 
     def _take_spare(self, assignment: str) -> subprocess.Popen | None:
         """Hand a study to the warm driver; ``None`` if there is none alive."""
@@ -297,13 +298,22 @@ class Dispatcher:
                 self.studies.undo_create(name, delete_optuna=True)
 
 
-def _await_ready(spare: subprocess.Popen, ready: threading.Event) -> None:
-    """Set ``ready`` when the warm driver says so. Its stdout then reaches end of file:
-    the driver writes nothing else there (see ``service.worker.wait_for_study``)."""
-    with contextlib.suppress(OSError, ValueError), spare.stdout:
-        if spare.stdout.readline().strip() == b"ready":
-            ready.set()
-        spare.stdout.read()
+class Announcement:
+    """The one line a warm driver writes on its stdout: ``ready`` or ``unjoined`` (see
+    ``service.worker.wait_for_study``); ``done`` is set once it came."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.state = "starting"
+
+    def read(self, spare: subprocess.Popen) -> None:
+        """Read the line (in a thread of its own); the pipe then reaches end of file."""
+        with contextlib.suppress(OSError, ValueError), spare.stdout:
+            said = spare.stdout.readline().strip().decode(errors="replace")
+            if said in ("ready", "unjoined"):
+                self.state = said
+                self.done.set()
+            spare.stdout.read()
 
 
 def _interrupt(proc: subprocess.Popen) -> None:

@@ -7,34 +7,13 @@ a cheap check that needs no Ray import in the API process.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from hpo.workers import gcs_endpoint, tcp_reachable
+
 RAY_PROBE_TIMEOUT_S = 1.0
-
-
-def gcs_endpoint(address: str | None) -> tuple[str, int] | None:
-    """``(host, port)`` of a Ray address such as ``10.0.0.1:6379`` or ``ray://h:10001``.
-
-    Returns ``None`` for ``auto`` or no address (nothing to probe).
-    """
-    if not address or address == "auto":
-        return None
-    hostport = address.split("://", 1)[-1].rstrip("/")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
-def tcp_reachable(host: str, port: int, timeout_s: float = RAY_PROBE_TIMEOUT_S) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 class Readiness:
@@ -62,7 +41,7 @@ class Readiness:
         out = {"database": self._database()}
         endpoint = gcs_endpoint(self.ray_address)
         if endpoint is not None:
-            out["ray"] = "ok" if tcp_reachable(*endpoint) else (
+            out["ray"] = "ok" if tcp_reachable(*endpoint, RAY_PROBE_TIMEOUT_S) else (
                 f"error: no answer from {endpoint[0]}:{endpoint[1]}")
         elif self.ray_address is None:
             out["ray"] = "not configured"

@@ -153,12 +153,16 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
 
 
 def wait_for_study() -> list[str] | None:
-    """A warm driver: import Ray, torch and the driver now, join the cluster, write
-    ``ready`` on stdout (the only line it ever writes there), then read ``NAME CLAIM LOG``
-    from stdin and send this process's output to ``LOG``. ``None`` at end of input.
+    """A warm driver: import Ray, torch and the driver now, join the cluster, write one
+    line on stdout (the only one it ever writes there): ``ready``, or ``unjoined`` when
+    the cluster cannot be joined now (``run_study`` then tries again and fails the study
+    with the reason). Then read ``NAME CLAIM LOG`` from stdin and send this process's
+    output to ``LOG``. ``None`` at end of input.
 
-    A cluster that cannot be joined now is not an error here: ``run_study`` tries again
-    and fails the study with the reason.
+    A connection made long before the study came may have gone stale (the cluster
+    restarted or went away: Ray then aborts the process at its first cluster query, or
+    waits 60 s for the old one). It is checked when the study comes; if stale, this
+    process becomes a cold driver of the study (same process id, same pipes).
     """
     announce = os.fdopen(os.dup(1), "w")
     _redirect_output(os.devnull)  # whatever the imports or Ray print stays off that pipe
@@ -166,18 +170,38 @@ def wait_for_study() -> list[str] | None:
     from hpo.tune.driver import init_ray  # the seconds of imports a cold driver would spend
 
     address = Settings.from_env().ray_address
+    joined = False
     if address:
         with contextlib.suppress(ClusterError):
             init_ray(address)
+            joined = True
     with contextlib.suppress(OSError):
-        announce.write("ready\n")
+        announce.write("ready\n" if joined or not address else "unjoined\n")
         announce.close()
     line = sys.stdin.readline().split()
     if len(line) != 3:
         return None
     name, claim, log_path = line
     _redirect_output(log_path)
+    if joined and not ray_connection_alive():
+        print(f"warm driver: its connection to the Ray cluster at {address} is stale (the "
+              f"cluster restarted or is gone); starting afresh", file=sys.stderr, flush=True)
+        os.execv(sys.executable, [sys.executable, "-m", "service.worker", name, claim])
     return [name, claim]
+
+
+def ray_connection_alive(timeout_s: float = 5.0) -> bool:
+    """Whether this process's Ray connection still reaches the cluster it joined: one
+    key-value read from the GCS, which raises (``WrongClusterID``) after a restart of the
+    cluster, or times out when it is gone. False also where Ray moved that private API."""
+    import ray
+
+    try:
+        ray._private.worker.global_worker.gcs_client.internal_kv_get(
+            b"hpo-liveness", b"hpo", timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - any failure: start afresh rather than abort later
+        return False
+    return True
 
 
 def _redirect_output(path: str) -> None:

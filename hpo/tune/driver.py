@@ -31,8 +31,10 @@ from hpo.tune.searcher import StudySearcher
 from hpo.tune.trainable import TrialSetup, train_trial
 from hpo.validation import check_budgets
 from hpo.warmstart import enqueue_warm_start, warm_start_points
+from hpo.workers import gcs_endpoint, tcp_reachable
 
 DEFAULT_RESULTS_DIR = "hpo-runs"
+CLUSTER_PROBE_TIMEOUT_S = 5.0
 
 # Ray Tune's own console reporter would interleave with ours; its legacy reporter at
 # verbose=0 prints nothing. Its warning about frequent experiment snapshots (we
@@ -63,7 +65,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join the cluster at ``address`` (or ``RAY_ADDRESS``), or start a local Ray.
 
     Does nothing when Ray is already initialized in this process (tests share
-    one session).
+    one session). A cluster address is first probed with a TCP connection
+    (``CLUSTER_PROBE_TIMEOUT_S``), so that a cluster that is down fails at once.
 
     Raises:
         ClusterError: the cluster cannot be reached.
@@ -71,6 +74,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
+    endpoint = gcs_endpoint(address)
+    if endpoint is not None and not tcp_reachable(*endpoint, CLUSTER_PROBE_TIMEOUT_S):
+        # ray.init would retry for many minutes (about 40 s per attempt with ray 2.60)
+        raise ClusterError(f"cannot reach the Ray cluster at {address}: nothing answers at "
+                           f"{endpoint[0]}:{endpoint[1]} (is its head node up?)")
     try:  # "local": a new Ray, never one that `ray start` left running on this machine
         ray.init(address=address or "local", num_cpus=None if address else num_cpus,
                  include_dashboard=False, configure_logging=True, logging_level="WARNING",

@@ -50,3 +50,17 @@ def test_invalid_spec_exits_2_naming_each_field(tmp_path):
     missing = subprocess.run([*HPO, "run", str(tmp_path / "nope.yaml")], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_a_cluster_that_is_down_is_a_clear_error_at_once(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = s.getsockname()[1]
+        proc = subprocess.run([*HPO, "run", str(_spec(tmp_path / "s.yaml")), "--storage",
+                               f"sqlite:///{tmp_path / 'x.db'}", "--ray-address",
+                               f"127.0.0.1:{port}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in proc.stderr

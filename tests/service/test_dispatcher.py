@@ -214,7 +214,7 @@ def test_a_warm_driver_is_kept_while_idle_and_handed_the_next_study(world):
     d.run_once()
     spare = d.spare
     assert spare is not None and spare.poll() is None
-    assert d.spare_ready.wait(180), "the warm driver never said ready"
+    assert d.spare_said.done.wait(180), "the warm driver never said ready"
     assert d.warm_driver() == "ready"
     submit("warm")
     # a claim the row does not hold: the warm driver must say so in the study's log and exit
@@ -264,3 +264,36 @@ def test_shutdown_interrupts_the_drivers_its_thread_started_instead_of_killing_t
     assert proc.stdout.readline() == b"armed\n"  # its parent-death signal is set
     d.shutdown(grace_s=20)
     assert proc.returncode == 0, f"the driver ended with {proc.returncode}"
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_warm_driver_whose_cluster_went_away_starts_afresh_and_fails_the_study_clearly(
+        world):
+    """The warm driver joined a cluster that then went away (stopped, or restarted: Ray
+    aborts a stale connection at its first query): handed a study, it becomes a cold driver,
+    which fails the study naming the cluster, instead of a Ray abort or a 60 s wait."""
+    from service.server import LocalRay
+
+    app, submit, dispatcher = world
+    head = LocalRay(num_cpus=1)
+    try:
+        d = Dispatcher(Settings(**{**dispatcher().settings.__dict__, "warm_drivers": True,
+                                   "ray_address": head.address,
+                                   "ray_auth_mode": head.auth_mode}),
+                       app.state.components.sessions, app.state.components.studies)
+        d.run_once()
+        assert d.spare_said.done.wait(180) and d.warm_driver() == "ready"
+    finally:
+        head.stop()
+    spare = d.spare
+    submit("gone")
+    d.run_once()
+    driver = d.drivers["gone"]
+    driver.proc.wait(240)
+    d.reap()
+    row = _rows(app)["gone"]
+    assert row.status == "FAILED"
+    assert "ClusterError: cannot reach the Ray cluster" in row.error, row.error
+    if driver.proc is spare:  # (Ray may also end a driver whose cluster died: then a cold one)
+        assert "is stale" in driver.log_path.read_text()
+    d.shutdown(grace_s=5)
