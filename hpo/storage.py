@@ -105,6 +105,8 @@ def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
     databases get Optuna's per-key upsert inside one session, any other storage one
     call per key.
 
+    An empty ``attrs`` writes nothing and checks nothing.
+
     Raises:
         optuna.exceptions.UpdateFinishedTrialError: the trial has already ended.
         KeyError: no trial has id ``trial_id``.
@@ -123,6 +125,8 @@ def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
         return
     table = models.TrialUserAttributeModel
     insert = _UPSERT_DIALECTS.get(storage.engine.name)
+    if storage.engine.name == "sqlite" and sqlite3.sqlite_version_info < (3, 24, 0):
+        insert = None  # no upsert before SQLite 3.24 (Optuna's own guard)
     with _create_scoped_session(storage.scoped_session, True) as session:
         if insert is None:
             for key, value in attrs.items():
@@ -130,13 +134,15 @@ def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
             return
         trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
         storage.check_trial_is_updatable(trial_id, trial.state)
-        statement = insert(table).values([
-            {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-            for key, value in attrs.items()])
-        session.execute(statement.on_conflict_do_update(
-            index_elements=[table.trial_id, table.key],
-            set_={"value_json": statement.excluded.value_json}))
+        rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                for key, value in attrs.items()]
+        for start in range(0, len(rows), UPSERT_ROWS):  # PostgreSQL: <= 65535 parameters
+            statement = insert(table).values(rows[start:start + UPSERT_ROWS])
+            session.execute(statement.on_conflict_do_update(
+                index_elements=[table.trial_id, table.key],
+                set_={"value_json": statement.excluded.value_json}))
 
 
+UPSERT_ROWS = 1000
 _UPSERT_DIALECTS = {"sqlite": sqlalchemy.dialects.sqlite.insert,
                     "postgresql": sqlalchemy.dialects.postgresql.insert}

@@ -112,6 +112,10 @@ def _bulk_matches_per_key(storage, name: str) -> None:
     assert "late" not in storage.get_trial(bulk._trial_id).user_attrs
     with pytest.raises(KeyError):
         set_trial_user_attrs(storage, 10**9, {"x": 1})
+    many = {f"k{i}": i for i in range(25_000)}  # more rows than one statement may carry
+    trial = study.ask()
+    set_trial_user_attrs(storage, trial._trial_id, many)
+    assert storage.get_trial(trial._trial_id).user_attrs == many
 
 
 def test_bulk_user_attributes_match_optunas_own_setter_on_sqlite(tmp_path):
