@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -32,7 +33,7 @@ from hpo.storage import DEFAULT_STORAGE_URL
 app = typer.Typer(help="Hyperparameter optimization of PyTorch training: Optuna studies on "
                        "Ray Tune.", no_args_is_help=True, add_completion=False)
 err = Console(stderr=True)
-out = Console()
+out = Console(soft_wrap=True)  # lines stay whole when stdout is a file or pipe
 
 StorageOpt = Annotated[str, typer.Option(
     "--storage", envvar="HPO_DATABASE_URL",
@@ -96,8 +97,9 @@ def run(
         raise typer.Exit(1) from None
     c = result.counts
     if result.interrupted:
-        err.print(f"\ninterrupted: {c.running} running trial(s) left with their checkpoints; "
-                  "run the same command again to continue the study")
+        err.print(f"\ninterrupted: {c.running} trial(s) left running; run the same command "
+                  "again to continue the study (each resumes from its last checkpoint, or "
+                  "runs again from the start if it had none yet)")
         raise typer.Exit(130)
     requeued = f", {c.requeued} requeued" if c.requeued else ""
     out.print(f"study {result.name}: {c.finished} trials finished "
@@ -158,7 +160,7 @@ def worker(
             ".ray", "auth_token").exists():
         err.print("note: no RAY_AUTH_TOKEN in the environment: a head with token auth will "
                   "refuse this node (export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=...)")
-    print(" ".join(command), flush=True)
+    print(shlex.join(command), flush=True)  # quoted: it can be pasted into a shell
     if dry_run:
         return
     code = subprocess.call(command)

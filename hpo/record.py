@@ -97,7 +97,11 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.
     if stored is None:
         study.set_user_attr(SPEC_ATTR, spec.to_dict())
     elif stored != spec.to_dict():
-        raise StudyExistsError(f"study {spec.name!r} exists with a different spec")
+        new = spec.to_dict()
+        differ = sorted(k for k in {*stored, *new} if stored.get(k) != new.get(k))
+        raise StudyExistsError(f"study {spec.name!r} exists with a different spec ("
+                               f"{', '.join(differ)} differ): give the new spec another "
+                               f"name, or delete the stored study first")
     n_existing = len(study.get_trials(deepcopy=False))
     if n_existing:
         # Continuing a study: the spec's sampler again (never a silent swap to random

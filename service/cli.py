@@ -46,12 +46,13 @@ def serve(host: Annotated[str | None, typer.Option(envvar="HPO_HOST")] = None,
     import logging
 
     from service.server import serve as run_server
-    from service.settings import Settings
 
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = _settings(**overrides)
+    _check_database(settings.database_url)  # before the seconds of starting a local Ray
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
-    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    run_server(Settings.from_env(**overrides))
+    run_server(settings)
 
 
 def token_create(name: Annotated[str, typer.Argument(help="a name for the token's owner")],
@@ -61,9 +62,10 @@ def token_create(name: Annotated[str, typer.Argument(help="a name for the token'
     from service.auth import create_token
     from service.db import build_engine, create_tables, session_factory
     from service.errors import TokenExists
-    from service.settings import Settings
 
-    engine = build_engine(Settings.from_env().database_url)
+    url = _settings().database_url
+    _check_database(url)
+    engine = build_engine(url)
     try:
         create_tables(engine)
         token = create_token(session_factory(engine), name, admin=admin)
@@ -76,6 +78,30 @@ def token_create(name: Annotated[str, typer.Argument(help="a name for the token'
     print(token)
 
 
+def _settings(**overrides):
+    """The service's settings from the environment; a bad value exits 2 naming the variable."""
+    from service.errors import SettingsError
+    from service.settings import Settings
+
+    try:
+        return Settings.from_env(**overrides)
+    except SettingsError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _check_database(url: str) -> None:
+    """Exit 1 with the reason (password hidden) when the database cannot be opened."""
+    from hpo.errors import StorageError
+    from hpo.storage import open_storage
+
+    try:
+        open_storage(url).engine.dispose()
+    except StorageError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+
+
 def _client(url: str, token: str | None):
     from service.client import Client
 
@@ -84,7 +110,8 @@ def _client(url: str, token: str | None):
 
 def _fail(e) -> None:
     """Print an ``ApiError`` and exit 2 (invalid input) or 1."""
-    err.print(f"[bold red]error[/] ({e.status or 'no answer'} {e.code}): {e}", highlight=False)
+    answer = f"{e.status} {e.code}" if e.status else f"no answer: {e.code}"
+    err.print(f"[bold red]error[/] ({answer}): {e}", highlight=False)
     for d in e.details:
         err.print(f"  {d['loc'] or '<spec>'}: {d['msg']}", markup=False)
     raise typer.Exit(2 if e.status in (400, 413, 415, 422) else 1)

@@ -86,3 +86,18 @@ def test_token_create_prints_a_token_once_and_refuses_a_taken_name(sqlite_url, m
     who = resolve(session_factory(engine), token)
     engine.dispose()
     assert who.name == "carol" and who.is_admin
+
+
+def test_service_commands_refuse_bad_settings_and_databases_in_one_line(monkeypatch):
+    runner = CliRunner()
+    monkeypatch.setenv("HPO_DATABASE_URL", "postgresql+psycopg://u:s3cret@127.0.0.1:1/none")
+    for argv in (["token", "create", "dave"], ["serve"]):  # serve: before starting any Ray
+        result = runner.invoke(hpo_app, argv)
+        assert result.exit_code == 1, result.output
+        assert "cannot open storage" in result.output and "s3cret" not in result.output
+        assert "Traceback" not in result.output
+    monkeypatch.setenv("HPO_OPEN_READS", "maybe")
+    for argv in (["token", "create", "dave"], ["serve"]):
+        result = runner.invoke(hpo_app, argv)
+        assert result.exit_code == 2, result.output
+        assert "HPO_OPEN_READS must be true or false" in result.output
