@@ -1,8 +1,9 @@
 """The local Ray of ``hpo serve``: ``python -m service.ray_head [NUM_CPUS]``.
 
 Starts a Ray head in this process (``ray.init``), prints one JSON line
-``{"address": "IP:PORT", "auth_mode": "token"}`` and keeps Ray up until
-SIGTERM, SIGINT or the death of its parent (the service, even by SIGKILL). Ray's own processes
+``{"address": "IP:PORT", "auth_mode": "token"}`` and keeps Ray up until its
+stdin ends (how ``LocalRay.stop`` stops it), SIGTERM, SIGINT or the death of
+its parent (the service, even by SIGKILL). Ray's own processes
 share this process's fate, so the whole local cluster goes with the service.
 Study drivers join it with ``ray.init(address=...)``; the token that Ray's
 token auth needs is the one ``ray.init`` keeps in ``~/.ray/auth_token``.
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     die_with_parent(signal.SIGTERM)  # SIGTERM, so that ray.shutdown() stops Ray's agents too
+    # the clean stop: end of input on stdin (a signal makes Ray's handler print a stack dump)
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
     import ray
 
     # address="local": always a new Ray, never one found running on this machine

@@ -12,6 +12,7 @@ next start takes the RUNNING studies over.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -37,7 +38,7 @@ class LocalRay:
         argv = [sys.executable, "-m", "service.ray_head"] + ([str(num_cpus)] if num_cpus else [])
         # its own session, as the study drivers: a Ctrl-C in the terminal reaches only
         # `hpo serve`, which then stops drivers and Ray in order (they stay resumable)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=child_env({}), start_new_session=True)
         line = self.proc.stdout.readline()
         if not line:
@@ -48,6 +49,11 @@ class LocalRay:
         self.auth_mode: str | None = info.get("auth_mode")
 
     def stop(self) -> None:
+        """Close its stdin (it then shuts Ray down); SIGTERM, then SIGKILL, if it lingers."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(30)
         stop_process(self.proc, timeout_s=30)
 
 
