@@ -9,6 +9,9 @@ For each backend (SQLite file; PostgreSQL when ``HPO_TEST_DATABASE_URL`` answers
   through raw Optuna (ask, 5 ``report``, ``tell``). The trials before each
   window are bulk-written as whole finished trials (``create_new_trial`` with
   a template of the same shape: one transaction each), to keep the run short;
+  Optuna's trial cache then reads them once, a one-time cost that a driver pays
+  only when it loads a stored study: it is timed apart ("1st", seconds), before
+  the window;
 * at 1k and 10k, ``GET /v1/studies/{name}`` is timed over HTTP on a live
   server (p50, p99 of 200 requests), against the raw Optuna read a naive view
   needs (``load_study`` + ``trials`` + ``best_trial``, p50/p99 of 10).
@@ -123,11 +126,17 @@ def run_backend(label: str, url: str, sizes: list[int]) -> list[str]:
         raw = optuna.create_study(study_name="raw", storage=storage, direction="maximize")
         done = 0
         for size in sizes:
-            per_trial = {}
+            per_trial, first_read = {}, {}
             for way, write, target in (("hpo record", write_record_trial, record),
                                        ("raw optuna", write_raw_trial, raw)):
                 bulk_fill(storage, "scale" if way == "hpo record" else "raw",
                           size - WINDOW - done)
+                # Optuna's trial cache reads the bulk-written trials once, on the next ask: a
+                # one-time cost (a driver sees its trials one at a time, or loads a stored
+                # study once), timed apart from the window
+                t0 = time.perf_counter()
+                (target.study if way == "hpo record" else target).get_trials(deepcopy=False)
+                first_read[way] = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 for i in range(size - WINDOW, size):
                     write(target, i)
@@ -137,7 +146,8 @@ def run_backend(label: str, url: str, sizes: list[int]) -> list[str]:
             r50, r99 = time_raw_view(storage, "raw")
             rows.append(f"{label:10} {size:>6} {1e3 * per_trial['hpo record']:10.1f} "
                         f"{1e3 * per_trial['raw optuna']:10.1f} {1e3 * p50:9.1f} "
-                        f"{1e3 * p99:9.1f} {1e3 * r50:10.0f} {1e3 * r99:10.0f}")
+                        f"{1e3 * p99:9.1f} {1e3 * r50:10.0f} {1e3 * r99:10.0f} "
+                        f"{first_read['hpo record']:9.2f} {first_read['raw optuna']:9.2f}")
             print(rows[-1], flush=True)
     app.state.components.studies.storage.engine.dispose()
     return rows
@@ -165,7 +175,8 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     print(f"{'backend':10} {'trials':>6} {'hpo ms/tr':>10} {'raw ms/tr':>10} {'view p50':>9} "
-          f"{'view p99':>9} {'raw rd p50':>10} {'raw rd p99':>10}   (times in ms)")
+          f"{'view p99':>9} {'raw rd p50':>10} {'raw rd p99':>10} {'hpo 1st s':>9} "
+          f"{'raw 1st s':>9}   (times in ms; first reads of the bulk-written trials in s)")
     for backend in args.backends:
         if backend == "sqlite":
             with tempfile.TemporaryDirectory() as tmp:
