@@ -6,7 +6,8 @@ For each backend (SQLite file; PostgreSQL when ``HPO_TEST_DATABASE_URL`` answers
   trial are measured over the last 200 trials before 1k and before 10k,
   written in one study through ``hpo.record.StudyRecord`` (what a study driver
   writes: ask, 5 intermediate values, user attributes, tell) and in the other
-  through raw Optuna (ask, 5 ``report``, ``tell``). The trials before each
+  through raw Optuna (ask, 5 ``report``, ``tell``; Optuna's default sampler, TPE, which
+  reads every trial at each ask; the hpo study samples at random). The trials before each
   window are bulk-written as whole finished trials (``create_new_trial`` with
   a template of the same shape: one transaction each), to keep the run short;
   Optuna's trial cache then reads them once, a one-time cost that a driver pays
