@@ -35,6 +35,10 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'optuna.db'}"
 
 
+PG_URL = os.environ.get("HPO_TEST_DATABASE_URL",
+                        "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
 def postgres_unreachable(url: str) -> str | None:
     """``None`` when PostgreSQL answers at ``url``, else why not (a skip reason)."""
     import sqlalchemy
@@ -45,31 +49,31 @@ def postgres_unreachable(url: str) -> str | None:
             conn.execute(sqlalchemy.text("SELECT 1"))
         engine.dispose()
     except Exception as e:  # noqa: BLE001 - any failure means "not available here"
-        return f"PostgreSQL unreachable at HPO_TEST_DATABASE_URL={url}: {type(e).__name__}"
+        return (f"PostgreSQL unreachable at HPO_TEST_DATABASE_URL={url}: {type(e).__name__} "
+                "(CI runs it at postgresql+psycopg://postgres@127.0.0.1:5432/test)")
     return None
 
 
-def postgres_url() -> str | None:
-    """The test PostgreSQL URL if the server answers, else None."""
-    url = os.environ.get("HPO_TEST_DATABASE_URL")
-    return url if url and postgres_unreachable(url) is None else None
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """The test PostgreSQL (``HPO_TEST_DATABASE_URL``, else the local server), probed once;
+    the tests that need it skip, naming the reason, where it does not answer."""
+    reason = postgres_unreachable(PG_URL)
+    if reason is not None:
+        pytest.skip(reason)
+    return PG_URL
 
 
 @pytest.fixture
-def pg_url() -> str:
-    url = postgres_url()
-    if url is None:
-        pytest.skip("PostgreSQL not reachable: set HPO_TEST_DATABASE_URL "
-                    "(CI sets postgresql+psycopg://postgres@127.0.0.1:5432/test)")
-    return url
+def pg_url(pg_server) -> str:
+    return pg_server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def storage_url(request, tmp_path) -> str:
-    """Each storage the product supports (PostgreSQL skips with a reason when absent)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'optuna.db'}"
-    return request.getfixturevalue("pg_url")
+def db_url(request) -> str:
+    """Each database the product supports: a test using it runs on SQLite and on PostgreSQL
+    (which skips with the reason where it does not answer)."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
 @pytest.fixture

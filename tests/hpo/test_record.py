@@ -30,9 +30,9 @@ def _trial(record: StudyRecord, ray_id: str) -> optuna.trial.FrozenTrial:
     return record.storage.get_trial(record.trials[ray_id].trial_id)
 
 
-def test_results_become_intermediate_values_and_complete_takes_the_last(storage_url,
+def test_results_become_intermediate_values_and_complete_takes_the_last(db_url,
                                                                          unique_name):
-    record = StudyRecord(_spec(unique_name), open_storage(storage_url))
+    record = StudyRecord(_spec(unique_name), open_storage(db_url))
     params = record.ask("r1")
     assert 1e-3 <= params["lr"] <= 1e-1
     record.started("r1")
@@ -102,8 +102,8 @@ def test_stopped_with_the_whole_experiment_is_pruned(sqlite_url):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_objective_fails_with_reason(storage_url, unique_name, bad):
-    record = StudyRecord(_spec(unique_name), open_storage(storage_url))
+def test_non_finite_objective_fails_with_reason(db_url, unique_name, bad):
+    record = StudyRecord(_spec(unique_name), open_storage(db_url))
     record.ask("r1")
     record.result("r1", _result(10, 0.5))
     record.result("r1", _result(40, bad))

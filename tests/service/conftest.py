@@ -29,15 +29,12 @@ import uvicorn
 from service.app import create_app
 from service.auth import create_token
 from service.settings import Settings
-from tests.conftest import postgres_unreachable
 
 with warnings.catch_warnings():  # starlette's TestClient asks for httpx2, which is not needed
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from fastapi.testclient import TestClient
 
 REPO = Path(__file__).resolve().parents[2]
-PG_URL = os.environ.get("HPO_TEST_DATABASE_URL",
-                        "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 def tiny_spec(name: str, n_trials: int = 3, **changes) -> dict:
@@ -61,38 +58,18 @@ def bearer(token: str) -> dict[str, str]:
 # -- databases --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def pg_available() -> None:
-    reason = postgres_unreachable(PG_URL)
-    if reason:
-        pytest.skip(reason)
-
-
 @pytest.fixture
-def pg_url(pg_available) -> str:
+def pg_url(pg_server) -> str:
     """A PostgreSQL URL whose connections live in a fresh schema (dropped after the test)."""
     schema = f"svc_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_URL)
+    admin = sa.create_engine(pg_server)
     with admin.begin() as conn:
         conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    sep = "&" if "?" in PG_URL else "?"
-    yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    sep = "&" if "?" in pg_server else "?"
+    yield f"{pg_server}{sep}options=-csearch_path%3D{schema}"
     with admin.begin() as conn:
         conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
     admin.dispose()
-
-
-@pytest.fixture
-def sqlite_url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'hpo.db'}"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path) -> str:
-    """Each test using it runs on SQLite and on PostgreSQL."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'hpo.db'}"
-    return request.getfixturevalue("pg_url")
 
 
 # -- an app and its tokens ---------------------------------------------------------------
