@@ -1,4 +1,5 @@
-"""Adding worker nodes to a Ray cluster: the ``ray start`` command that ``hpo worker`` runs."""
+"""Ray cluster addresses: the ``ray start`` command that ``hpo worker`` runs to add a
+worker node, and the TCP probe of a cluster's address (drivers and ``/readyz``)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ class Readiness:
         engine: the service's database engine.
         ray_address: the cluster the drivers join (``None``: not checked).
         dispatcher_alive: ``None`` when this process runs no dispatcher.
-        warm_driver: the warm driver's state (``ready``, ``starting``, ``none``;
-            informational, never makes the service unready); ``None``: none is kept.
+        warm_driver: the warm driver's state (``Dispatcher.warm_driver``; informational,
+            never makes the service unready); ``None``: none is kept.
     """
 
     def __init__(self, engine: sa.Engine, ray_address: str | None,
@@ -37,7 +37,7 @@ class Readiness:
 
     def checks(self) -> dict[str, str]:
         """``{"database": "ok" | "error: ...", "ray": ..., "dispatcher": ..., "warm_driver":
-        "ready" | "starting" | "none"}``."""
+        "ready" | "starting" | "unjoined" | "none"}``."""
         out = {"database": self._database()}
         endpoint = gcs_endpoint(self.ray_address)
         if endpoint is not None:

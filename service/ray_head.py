@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     die_with_parent(signal.SIGTERM)  # SIGTERM, so that ray.shutdown() stops Ray's agents too
     # the clean stop: end of input on stdin (a signal makes Ray's handler print a stack dump)
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    threading.Thread(target=_set_at_end_of_input, args=(done,), daemon=True).start()
     import ray
 
     # address="local": always a new Ray, never one found running on this machine
@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     done.wait()
     ray.shutdown()
     return 0
+
+
+def _set_at_end_of_input(done: threading.Event) -> None:
+    sys.stdin.read()
+    done.set()
 
 
 if __name__ == "__main__":

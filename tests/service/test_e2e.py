@@ -32,6 +32,10 @@ def _study(server, token: str, name: str) -> dict:
     return r.json()
 
 
+def _warm_driver(server) -> str:
+    return httpx.get(f"{server.url}/readyz").json()["checks"]["warm_driver"]
+
+
 def _ended(server, token: str, name: str):
     study = _study(server, token, name)
     return study if study["status"] in ("COMPLETED", "STOPPED", "FAILED") else None
@@ -43,8 +47,7 @@ def test_a_study_submitted_over_http_runs_on_ray_into_the_optuna_record(
     token = _admin_token(pg_url)
     server.start()
     # the warm driver imports, joins the Ray cluster, and says so; it then runs the study
-    wait_for(lambda: httpx.get(f"{server.url}/readyz").json()["checks"]["warm_driver"]
-             == "ready", what="the warm driver to be ready")
+    wait_for(lambda: _warm_driver(server) == "ready", what="the warm driver to be ready")
     r = httpx.post(f"{server.url}/v1/studies", json=tiny_spec("e2e", n_trials=3),
                    headers=bearer(token), timeout=60)
     assert r.status_code == 201, r.text
@@ -64,8 +67,7 @@ def test_a_study_submitted_over_http_runs_on_ray_into_the_optuna_record(
                        headers=bearer(token)).json()
     assert [t["number"] for t in trials["items"]] == [0, 1, 2]
     assert all(t["intermediate_values"] for t in trials["items"])
-    wait_for(lambda: httpx.get(f"{server.url}/readyz").json()["checks"]["warm_driver"]
-             != "none", what="a new warm driver once idle")
+    wait_for(lambda: _warm_driver(server) != "none", what="a new warm driver once idle")
     assert server.stop() == 0  # SIGTERM: a clean shutdown
     assert "Application shutdown complete" in server.log()
 
