@@ -154,31 +154,33 @@ class StudyService:
     def view(self, who: Principal, name: str) -> StudyView:
         """A study with its trial counts, best trial(s) and device-seconds so far.
 
+        A bounded number of SQL statements, whatever the study's size: the best trial
+        of a multi-objective study (its Pareto front) reads the objective values of the
+        COMPLETE trials in one statement (:func:`service.optuna_sql.best_trials`).
+
         Raises:
             StudyNotFound: no such study, or not one ``who`` may see.
         """
         row, owner = self._get(who, name, read=True)
         spec = parse_spec(row.spec, check_task=False)
+        devices = (spec.resources.gpus or spec.resources.cpus) * spec.resources.workers
         with self.sessions() as session:
             conn = session.connection()
             counts = optuna_sql.trial_counts(conn, [name])[name]
             optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
-            devices = (spec.resources.gpus or spec.resources.cpus) * spec.resources.workers
-            used = (optuna_sql.device_seconds(conn, optuna_id, devices)
-                    if optuna_id is not None else 0.0)
-        best = self._best(spec, optuna_id) if counts.complete else []
+            if optuna_id is None:
+                return StudyView(row, owner, counts, None, [], 0.0)
+            used = optuna_sql.device_seconds(conn, optuna_id, devices)
+            best = optuna_sql.best_trials(conn, optuna_id) if counts.complete else []
         return StudyView(row, owner, counts, optuna_id, best, used)
 
-    def _best(self, spec: StudySpec, optuna_id: int | None) -> list[FrozenTrial]:
-        if optuna_id is None:
-            return []
-        if not spec.is_multi_objective:
-            return [self.storage.get_best_trial(optuna_id)]
-        return optuna.load_study(study_name=spec.name, storage=self.storage).best_trials
-
-    def trials(self, who: Principal, name: str, offset: int,
-               limit: int) -> tuple[list[FrozenTrial], int]:
+    def trials(self, who: Principal, name: str, offset: int, limit: int, *,
+               intermediate: bool = True) -> tuple[list[FrozenTrial], int]:
         """One page of a study's trials by number, and the study's number of trials.
+
+        A bounded number of SQL statements per page, whatever the study's size and the
+        page's (:func:`service.optuna_sql.load_trials`); ``intermediate=False`` leaves
+        the trials' ``intermediate_values`` empty and does not read them.
 
         Raises:
             StudyNotFound: no such study, or not one ``who`` may see.
@@ -191,7 +193,7 @@ class StudyService:
                 return [], 0
             total = optuna_sql.trial_counts(conn, [name])[name].total
             ids = optuna_sql.trial_ids_page(conn, optuna_id, offset, limit)
-        return [self.storage.get_trial(trial_id) for trial_id in ids], total
+            return optuna_sql.load_trials(conn, ids, intermediate=intermediate), total
 
     def trial(self, who: Principal, name: str, number: int) -> FrozenTrial:
         """One trial of a study by its number.
@@ -201,12 +203,15 @@ class StudyService:
             TrialNotFound: the study has no trial ``number``.
         """
         self._get(who, name, read=True)
-        try:
-            optuna_id = self.storage.get_study_id_from_name(name)
-            trial_id = self.storage.get_trial_id_from_study_id_trial_number(optuna_id, number)
-        except KeyError:
-            raise TrialNotFound(f"study {name!r} has no trial {number}") from None
-        return self.storage.get_trial(trial_id)
+        with self.sessions() as session:
+            conn = session.connection()
+            optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
+            trial_id = (optuna_sql.trial_id(conn, optuna_id, number)
+                        if optuna_id is not None else None)
+            found = optuna_sql.load_trials(conn, [trial_id]) if trial_id is not None else []
+        if not found:
+            raise TrialNotFound(f"study {name!r} has no trial {number}")
+        return found[0]
 
     # -- stop and delete -------------------------------------------------------------
 

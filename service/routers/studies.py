@@ -80,7 +80,7 @@ def get_study(name: str, who: Reader, studies: StudiesDep) -> StudyOut:
 def list_trials(name: str, who: Reader, studies: StudiesDep, offset: Offset = 0,
                 limit: Limit = 50, intermediate: bool = False) -> Page[TrialOut]:
     """A page of the study's trials by number; ``intermediate=true`` adds their curves."""
-    trials, total = studies.trials(who, name, offset, limit)
+    trials, total = studies.trials(who, name, offset, limit, intermediate=intermediate)
     return Page[TrialOut](items=[TrialOut.of(t, intermediate) for t in trials], total=total,
                           offset=offset, limit=limit)
 
