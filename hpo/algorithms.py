@@ -30,6 +30,11 @@ class Strict(BaseModel):
 
 POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no searcher
 
+MAX_COUNT = 2**31 - 1
+"""Largest count a spec may hold (trials, optimizer updates, epochs, intervals, sizes,
+factors): far beyond any real study, and small enough that a product of two of them
+(``max_epochs`` x updates per epoch) stays within the int64 of Ray, numpy and torch."""
+
 
 # -- samplers ----------------------------------------------------------------------------
 
@@ -37,7 +42,7 @@ POPULATION_SCHEDULERS = ("pbt", "pb2")  # they sample their own population, no s
 class TPESamplerSpec(Strict):
     name: Literal["tpe"]
     seed: StrictInt | None = Field(0, ge=0, lt=2**32)
-    n_startup_trials: StrictInt = Field(10, ge=0)
+    n_startup_trials: StrictInt = Field(10, ge=0, le=MAX_COUNT)
     multivariate: StrictBool = True
     constant_liar: StrictBool = True
 
@@ -55,20 +60,20 @@ class GridSamplerSpec(Strict):
 class GPSamplerSpec(Strict):
     name: Literal["gp"]
     seed: StrictInt | None = Field(0, ge=0, lt=2**32)
-    n_startup_trials: StrictInt = Field(10, ge=0)
+    n_startup_trials: StrictInt = Field(10, ge=0, le=MAX_COUNT)
 
 
 class CmaEsSamplerSpec(Strict):
     name: Literal["cmaes"]
     seed: StrictInt | None = Field(0, ge=0, lt=2**32)
-    n_startup_trials: StrictInt = Field(1, ge=0)
+    n_startup_trials: StrictInt = Field(1, ge=0, le=MAX_COUNT)
     sigma0: StrictFloat | None = Field(None, gt=0)
 
 
 class NSGA2SamplerSpec(Strict):
     name: Literal["nsga2"]
     seed: StrictInt | None = Field(0, ge=0, lt=2**32)
-    population_size: StrictInt = Field(50, ge=2)
+    population_size: StrictInt = Field(50, ge=2, le=MAX_COUNT)
 
 
 SamplerSpec = Annotated[
@@ -81,40 +86,40 @@ SamplerSpec = Annotated[
 
 class MedianPrunerSpec(Strict):
     name: Literal["median"]
-    n_startup_trials: StrictInt = Field(5, ge=0)
-    n_warmup_steps: StrictInt = Field(0, ge=0)
-    interval_steps: StrictInt = Field(1, ge=1)
-    n_min_trials: StrictInt = Field(1, ge=1)
+    n_startup_trials: StrictInt = Field(5, ge=0, le=MAX_COUNT)
+    n_warmup_steps: StrictInt = Field(0, ge=0, le=MAX_COUNT)
+    interval_steps: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    n_min_trials: StrictInt = Field(1, ge=1, le=MAX_COUNT)
 
 
 class PercentilePrunerSpec(Strict):
     name: Literal["percentile"]
     percentile: StrictFloat = Field(..., ge=0, le=100)
-    n_startup_trials: StrictInt = Field(5, ge=0)
-    n_warmup_steps: StrictInt = Field(0, ge=0)
-    interval_steps: StrictInt = Field(1, ge=1)
-    n_min_trials: StrictInt = Field(1, ge=1)
+    n_startup_trials: StrictInt = Field(5, ge=0, le=MAX_COUNT)
+    n_warmup_steps: StrictInt = Field(0, ge=0, le=MAX_COUNT)
+    interval_steps: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    n_min_trials: StrictInt = Field(1, ge=1, le=MAX_COUNT)
 
 
 class SuccessiveHalvingPrunerSpec(Strict):
     name: Literal["successive-halving"]
     min_resource: StrictInt | Literal["auto"] = "auto"
-    reduction_factor: StrictInt = Field(4, ge=2)
-    min_early_stopping_rate: StrictInt = Field(0, ge=0)
+    reduction_factor: StrictInt = Field(4, ge=2, le=MAX_COUNT)
+    min_early_stopping_rate: StrictInt = Field(0, ge=0, le=MAX_COUNT)
 
     @field_validator("min_resource")
     @classmethod
     def _min_resource(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError(f"must be >= 1 or 'auto', got {v}")
+        if isinstance(v, int) and not 1 <= v <= MAX_COUNT:
+            raise ValueError(f"must be in [1, {MAX_COUNT}] or 'auto', got {v}")
         return v
 
 
 class HyperbandPrunerSpec(Strict):
     name: Literal["hyperband"]
-    min_resource: StrictInt = Field(1, ge=1)
+    min_resource: StrictInt = Field(1, ge=1, le=MAX_COUNT)
     max_resource: StrictInt | Literal["auto"] = "auto"
-    reduction_factor: StrictInt = Field(3, ge=2)
+    reduction_factor: StrictInt = Field(3, ge=2, le=MAX_COUNT)
 
     @field_validator("max_resource")
     @classmethod
@@ -122,18 +127,20 @@ class HyperbandPrunerSpec(Strict):
         low = info.data.get("min_resource")
         if isinstance(v, int) and low is not None and v < low:
             raise ValueError(f"must be >= min_resource ({low}), got {v}")
+        if isinstance(v, int) and v > MAX_COUNT:
+            raise ValueError(f"must be <= {MAX_COUNT} or 'auto', got {v}")
         return v
 
 
 class WilcoxonPrunerSpec(Strict):
     name: Literal["wilcoxon"]
     p_threshold: StrictFloat = Field(0.1, gt=0, lt=1)
-    n_startup_steps: StrictInt = Field(2, ge=0)
+    n_startup_steps: StrictInt = Field(2, ge=0, le=MAX_COUNT)
 
 
 class PatientPrunerSpec(Strict):
     name: Literal["patient"]
-    patience: StrictInt = Field(..., ge=0)
+    patience: StrictInt = Field(..., ge=0, le=MAX_COUNT)
     min_delta: StrictFloat = Field(0.0, ge=0)
     wrapped: PrunerSpec | None = None
 
@@ -155,27 +162,28 @@ class AshaSchedulerSpec(Strict):
     """Asynchronous successive halving (Li et al., 2020), Ray's ``AsyncHyperBandScheduler``."""
 
     name: Literal["asha"]
-    max_t: StrictInt | None = Field(None, ge=1, description="default: the trials' planned updates")
-    grace_period: StrictInt = Field(1, ge=1)
-    reduction_factor: StrictFloat = Field(4, gt=1)
-    brackets: StrictInt = Field(1, ge=1)
+    max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT,
+                                    description="default: the trials' planned updates")
+    grace_period: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    reduction_factor: StrictFloat = Field(4, gt=1, le=MAX_COUNT)
+    brackets: StrictInt = Field(1, ge=1, le=MAX_COUNT)
 
 
 class HyperbandSchedulerSpec(Strict):
     """Synchronous Hyperband (Li et al., 2018), Ray's ``HyperBandScheduler`` (pauses trials)."""
 
     name: Literal["hyperband"]
-    max_t: StrictInt | None = Field(None, ge=1)
-    reduction_factor: StrictFloat = Field(3, gt=1)
+    max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT)
+    reduction_factor: StrictFloat = Field(3, gt=1, le=MAX_COUNT)
 
 
 class MedianSchedulerSpec(Strict):
     """Median stopping rule (Golovin et al., Vizier, 2017), Ray's ``MedianStoppingRule``."""
 
     name: Literal["median"]
-    grace_period: StrictInt = Field(1, ge=0)
-    min_samples_required: StrictInt = Field(3, ge=1)
-    min_time_slice: StrictInt = Field(0, ge=0)
+    grace_period: StrictInt = Field(1, ge=0, le=MAX_COUNT)
+    min_samples_required: StrictInt = Field(3, ge=1, le=MAX_COUNT)
+    min_time_slice: StrictInt = Field(0, ge=0, le=MAX_COUNT)
     hard_stop: StrictBool = True
 
 
@@ -183,7 +191,7 @@ class PBTSchedulerSpec(Strict):
     """Population based training (Jaderberg et al., 2017), Ray's ``PopulationBasedTraining``."""
 
     name: Literal["pbt"]
-    perturbation_interval: StrictInt = Field(..., ge=1)
+    perturbation_interval: StrictInt = Field(..., ge=1, le=MAX_COUNT)
     quantile_fraction: StrictFloat = Field(0.25, gt=0, le=0.5)
     resample_probability: StrictFloat = Field(0.25, ge=0, le=1)
 
@@ -192,7 +200,7 @@ class PB2SchedulerSpec(Strict):
     """Population based bandits (Parker-Holder et al., 2020), Ray's ``PB2``; numeric spaces."""
 
     name: Literal["pb2"]
-    perturbation_interval: StrictInt = Field(..., ge=1)
+    perturbation_interval: StrictInt = Field(..., ge=1, le=MAX_COUNT)
     quantile_fraction: StrictFloat = Field(0.25, gt=0, le=0.5)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import optuna
@@ -29,21 +30,68 @@ def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
     return {name: distribution(p) for name, p in spec.search_space.items()}
 
 
+def grid_count(param: FloatParam | IntParam) -> int | None:
+    """Number of points ``low + k*step`` (k = 0, 1, ...) of a numeric parameter's grid.
+
+    Every int parameter has one (``step`` defaults to 1, log ones too); a float
+    parameter only with a ``step``: ``None`` for a continuous one. The spec's
+    validation guarantees that ``step`` divides ``high - low``.
+    """
+    if isinstance(param, FloatParam) and param.step is None:
+        return None
+    return round((param.high - param.low) / param.step) + 1
+
+
+def grid_point(param: FloatParam | IntParam, k: int) -> int | float:
+    """The grid's ``k``-th value, ``low + k*step`` for ``0 <= k < grid_count(param)``.
+
+    A float is rounded 12 digits below the step's own, so that ``0.1 + 2*0.1``
+    is ``0.3`` on every path (Ray's domains, PBT's explore, the grid sampler).
+    """
+    if isinstance(param, IntParam):
+        return param.low + k * param.step
+    digits = 12 - min(0, math.floor(math.log10(param.step)))
+    return min(round(param.low + k * param.step, digits), param.high)
+
+
+def snap(param: FloatParam | IntParam | CategoricalParam, value: Any) -> Any:
+    """The point of ``param`` nearest to ``value``: clipped into ``[low, high]``, then
+    put on the grid (an int, or a float on ``low + k*step``). Categorical values pass
+    unchanged. Used for values that come from outside the spec's own draws (PBT's
+    perturbation by 0.8 or 1.2, PB2's GP-chosen values)."""
+    if isinstance(param, CategoricalParam):
+        return value
+    value = min(max(value, param.low), param.high)
+    n = grid_count(param)
+    if n is None:
+        return float(value)
+    k = min(max(round((value - param.low) / param.step), 0), n - 1)
+    return grid_point(param, k)
+
+
 def grid_values(param: FloatParam | IntParam | CategoricalParam) -> list[Any]:
-    """The points of a parameter on a grid: its choices, or ``low, low + step, ..., high``."""
+    """The points of a parameter on a grid: its choices, or ``low, low + step, ..., high``.
+
+    Raises:
+        ValueError: a float parameter without a step (it has no grid).
+    """
     if isinstance(param, CategoricalParam):
         return list(param.choices)
-    n = round((param.high - param.low) / param.step)
-    if isinstance(param, IntParam):
-        return [param.low + k * param.step for k in range(n + 1)]
-    return [round(param.low + k * param.step, 12) for k in range(n + 1)]
+    n = grid_count(param)
+    if n is None:
+        raise ValueError(f"a float parameter without a step has no grid: {param}")
+    return [grid_point(param, k) for k in range(n)]
 
 
-def grid_size(spec: StudySpec) -> int:
-    """Number of points of the spec's full grid."""
+def grid_size(spec: StudySpec) -> int | None:
+    """Number of points of the spec's full grid (counted, not built); ``None`` when a
+    float parameter has no step (no grid)."""
     size = 1
     for p in spec.search_space.values():
-        size *= len(grid_values(p))
+        n = len(p.choices) if isinstance(p, CategoricalParam) else grid_count(p)
+        if n is None:
+            return None
+        size *= n
     return size
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,6 +43,7 @@ from pydantic import (
 )
 
 from hpo.algorithms import (
+    MAX_COUNT,
     POPULATION_SCHEDULERS,
     FifoSchedulerSpec,
     SamplerSpec,
@@ -59,11 +61,16 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 BUILTIN_RESOURCES = ("CPU", "GPU", "MEMORY")  # Ray's own; not custom resources
 MAX_CHOICES = 1000  # choices of one categorical parameter
 MAX_GRID_POINTS = 1e9  # values of one stepped float parameter
+MAX_EXACT_INT = 2**53  # ints of a search space: exact in float64, as Optuna's samplers compute
+MAX_TIMEOUT_S = 10 * 365.25 * 86400  # ten years
 
 
 
 
 # -- search space ------------------------------------------------------------------------
+
+
+SearchInt = Annotated[StrictInt, Field(ge=-MAX_EXACT_INT, le=MAX_EXACT_INT)]
 
 
 class FloatParam(Strict):
@@ -105,8 +112,13 @@ class FloatParam(Strict):
             if not math.isfinite(n) or n > MAX_GRID_POINTS:  # (high - low) may overflow
                 raise ValueError(f"{v} makes more than {MAX_GRID_POINTS:.0e} grid points in "
                                  f"[{low}, {high}]")
-            if abs(n - round(n)) > 1e-8 * max(1.0, abs(n)):
-                raise ValueError(f"{v} does not divide the range [{low}, {high}]")
+            # Optuna's test, in decimal (FloatDistribution moves such a high down, with a
+            # warning): the grid that runs is the one the spec shows, on every path
+            d_low, d_high, d_step = (Decimal(str(x)) for x in (low, high, v))
+            if (d_high - d_low) % d_step:
+                fit = float((d_high - d_low) // d_step * d_step + d_low)
+                raise ValueError(f"{v} does not divide the range [{low}, {high}]; the grid's "
+                                 f"last point below high is {fit}")
         return v
 
 
@@ -115,8 +127,8 @@ class IntParam(Strict):
 
     type: Literal["int"]
     log: StrictBool = False
-    low: StrictInt
-    high: StrictInt
+    low: SearchInt
+    high: SearchInt
     step: StrictInt = 1
 
     @field_validator("low")
@@ -163,6 +175,8 @@ class CategoricalParam(Strict):
         if not v:
             raise ValueError("must not be empty")
         for i, c in enumerate(v):
+            if isinstance(c, int) and abs(c) > MAX_EXACT_INT:
+                raise ValueError(f"choice {i} is beyond +-2**53 (Optuna computes in float64)")
             # Optuna finds a choice by ==: 1, 1.0 and True would be one choice
             if any(c == other for other in v[:i]):
                 raise ValueError(f"{c!r} equals an earlier choice (Optuna compares choices "
@@ -188,7 +202,7 @@ class Objective(Strict):
 
 class Budget(Strict):
     n_trials: StrictInt = Field(..., ge=1, le=100_000)
-    timeout_s: StrictFloat | None = Field(None, gt=0)
+    timeout_s: StrictFloat | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     max_concurrent_trials: StrictInt = Field(1, ge=1, le=1024)
 
 
@@ -210,8 +224,8 @@ class Resources(Strict):
         for name, amount in v.items():
             if name.upper() in BUILTIN_RESOURCES or not name:
                 raise ValueError(f"{name!r} is not a custom resource; use cpus or gpus")
-            if not amount > 0:
-                raise ValueError(f"{name}: must be > 0, got {amount}")
+            if not 0 < amount <= MAX_COUNT:
+                raise ValueError(f"{name}: must be in (0, {MAX_COUNT}], got {amount}")
         return v
 
     @field_validator("gpus")

@@ -7,10 +7,13 @@ first trial.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import trainers
+from hpo.algorithms import MAX_COUNT
 from hpo.errors import SpecError
+from hpo.space import grid_size
 from hpo.spec import (
     POPULATION_SCHEDULERS,
     CategoricalParam,
@@ -26,6 +29,8 @@ MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
                   "checkpoint_fsync": "set per trial by the service",
                   "device": "follows resources.gpus"}
 SINGLE_OBJECTIVE_SAMPLERS = {"cmaes", "gp"}
+WIDE_INT_OPTIONS = {"seed": 2**32 - 1}  # int options whose own range goes past MAX_COUNT
+MAX_GRID_SIZE = 1_000_000  # points of the grid sampler's full grid (it builds them all)
 
 
 def check_against_task(spec: StudySpec) -> StudySpec:
@@ -81,14 +86,45 @@ def _try_create(spec: StudySpec, params: dict[str, Any]) -> trainers.ConfigError
     return None
 
 
+def out_of_range(info: trainers.FieldInfo, value: Any) -> str | None:
+    """Why a number is too large for a training option (``None`` if it is not).
+
+    Every ``int`` option is a count, a size or a seed: at most
+    :data:`~hpo.algorithms.MAX_COUNT` in absolute value (``seed``: TrainConfig's
+    own ``2**32 - 1``), so that the run's products of counts stay within int64;
+    a ``float`` option takes what a float64 holds. Ranges of the option itself
+    (``>= 1``, ...) are the task's to check.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if info.kind == "int":
+        limit = WIDE_INT_OPTIONS.get(info.name, MAX_COUNT)
+        if abs(value) > limit:
+            return f"must be at most {limit} in absolute value, got {_number(value)}"
+    elif info.kind == "float" and isinstance(value, int) and abs(value) > sys.float_info.max:
+        return f"must be a finite float64, got {_number(value)}"
+    return None
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**18 else "more than 10**18"
+
+
+def _number(value: int | float) -> str:
+    digits = len(str(abs(value))) if isinstance(value, int) else 0
+    return f"an integer of {digits} digits" if digits > 20 else repr(value)
+
+
 def _check_config(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) -> list[dict]:
     errors = []
-    for name in spec.config:
+    for name, value in spec.config.items():
         if name in MANAGED_FIELDS:
             errors.append({"loc": f"config.{name}", "msg": MANAGED_FIELDS[name]})
         elif name not in fields:
             errors.append({"loc": f"config.{name}",
                            "msg": f"not a training option nor an option of task {spec.task!r}"})
+        elif (why := out_of_range(fields[name], value)) is not None:
+            errors.append({"loc": f"config.{name}", "msg": why})
     if not errors:
         e = _try_create(spec, spec.config)
         if e is not None:
@@ -126,9 +162,10 @@ def _check_search_space(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) 
                            "msg": f"the task's field is {kind}: use categorical"})
             continue
         for where, value in _param_values(param):
-            e = _try_create(spec, {**spec.config, name: value})
-            if e is not None:
-                errors.append({"loc": f"{loc}.{where}", "msg": e.reason})
+            why = out_of_range(fields[name], value)
+            e = None if why else _try_create(spec, {**spec.config, name: value})
+            if why or e is not None:
+                errors.append({"loc": f"{loc}.{where}", "msg": why or e.reason})
     return errors
 
 
@@ -173,6 +210,12 @@ def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
                                "msg": "the grid sampler needs a step (or use categorical)"})
         if not spec.search_space:
             errors.append({"loc": "search_space", "msg": "the grid sampler needs parameters"})
+        size = grid_size(spec)
+        if size is not None and size > MAX_GRID_SIZE:  # Optuna's GridSampler lists them all
+            errors.append({"loc": "search_space",
+                           "msg": f"the grid has {_count(size)} points, more than the grid "
+                                  f"sampler's {MAX_GRID_SIZE:,}: use larger steps or another "
+                                  "sampler"})
     if scheduler in POPULATION_SCHEDULERS and not spec.search_space:
         errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
     if scheduler in POPULATION_SCHEDULERS:

@@ -13,8 +13,10 @@ same space gives ``hyperparam_mutations``. :class:`RecordingPBT` is Ray's
   donor's own retention (``num_to_keep``) cannot delete it first ("Could not
   recover from checkpoint as it does not exist on storage anymore", ray#9036).
 
-Perturbed values are clipped into the search space (Ray scales them by 1.2 or
-0.8 without bounds) through PBT's public ``custom_explore_fn``.
+The population is drawn from the spec's own grids (:func:`ray_domain`), and
+explored values are put back on them (Ray scales them by 1.2 or 0.8 without
+bounds; PB2's GP picks any value in the bounds) through PBT's public
+``custom_explore_fn`` (:func:`clip_to_space`).
 """
 
 from __future__ import annotations
@@ -28,49 +30,84 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
 from ray.tune.schedulers.pb2 import PB2
+from ray.tune.search.sample import Domain, Float, Integer, Sampler
 
 from hpo.record import StudyRecord
+from hpo.space import grid_count, grid_point, snap
 from hpo.spec import CategoricalParam, FloatParam, IntParam, StudySpec
 
 TIME_ATTR = "step"
 log = logging.getLogger(__name__)
 
 
-def ray_domain(param: FloatParam | IntParam | CategoricalParam):
-    """The Ray Tune search domain of one search-space parameter."""
+class OnGrid(Sampler):
+    """Ray sampler drawing uniformly from a parameter's grid ``low + k*step``.
+
+    Ray's ``qrandint``/``quniform`` draw multiples of ``q`` (``{2, 4}`` for
+    ``[1, 5]`` step 2) and ``quniform`` refuses a ``low`` that is not a multiple
+    of ``q``; here an index ``k`` in ``[0, n)`` is drawn and mapped to the grid
+    (:func:`hpo.space.grid_point`), so every grid value is reachable and
+    nothing else (issue 11).
+    """
+
+    def __init__(self, param: FloatParam | IntParam) -> None:
+        self.param = param
+        self.n = grid_count(param)
+
+    def sample(self, domain: Domain, config=None, size: int = 1, random_state=None):
+        if random_state is None:  # Domain.sample always passes Ray's wrapper of a generator
+            random_state = np.random.default_rng()
+        values = [grid_point(self.param, int(k))
+                  for k in random_state.integers(0, self.n, size=size)]
+        return values if size > 1 else values[0]
+
+    def __str__(self) -> str:
+        return f"OnGrid(step={self.param.step})"
+
+
+def ray_domain(param: FloatParam | IntParam | CategoricalParam) -> Domain:
+    """The Ray Tune search domain of one search-space parameter.
+
+    Values are the spec's: categorical choices; ints and stepped floats on the
+    grid ``low + k*step`` (:class:`OnGrid`); log ints and floats log-uniform in
+    ``[low, high]``; other floats uniform in ``[low, high]``.
+    """
     if isinstance(param, CategoricalParam):
         return tune.choice(list(param.choices))
-    if isinstance(param, IntParam):
+    if isinstance(param, IntParam) and param.log:
+        return tune.lograndint(param.low, param.high + 1)  # floor(exp(U)): [low, high]
+    if isinstance(param, FloatParam) and param.step is None:
         if param.log:
-            return tune.lograndint(param.low, param.high + 1)
-        if param.step != 1:
-            return tune.qrandint(param.low, param.high, param.step)
-        return tune.randint(param.low, param.high + 1)
-    if param.log:
-        return tune.loguniform(param.low, param.high)
-    if param.step is not None:
-        return tune.quniform(param.low, param.high, param.step)
-    return tune.uniform(param.low, param.high)
+            return tune.loguniform(param.low, param.high)
+        return tune.uniform(param.low, param.high)
+    domain = Integer(param.low, param.high) if isinstance(param, IntParam) else \
+        Float(param.low, param.high)
+    domain.set_sampler(OnGrid(param))
+    return domain
 
 
 def param_space(spec: StudySpec) -> dict[str, Any]:
+    """Ray's ``param_space`` of a PBT/PB2 study: one :func:`ray_domain` per parameter."""
     return {name: ray_domain(p) for name, p in spec.search_space.items()}
 
 
 def clip_to_space(spec: StudySpec) -> Callable[[dict], dict]:
-    """A ``custom_explore_fn`` putting perturbed values back into the search space."""
+    """A ``custom_explore_fn`` putting explored values back on the search space: clipped
+    into ``[low, high]`` and snapped to the nearest grid point (:func:`hpo.space.snap`).
+
+    PBT scales a value by 0.8 or 1.2 (rounding ints), PB2 takes its GP's choice
+    anywhere in ``[low, high]`` (truncated to int for int parameters); both may
+    leave the bounds or the grid.
+    """
 
     def clip(config: dict) -> dict:
         for name, p in spec.search_space.items():
-            if name not in config or isinstance(p, CategoricalParam):
-                continue
-            value = min(max(config[name], p.low), p.high)
-            if p.step is not None and not (isinstance(p, IntParam) and p.step == 1):
-                value = p.low + round((value - p.low) / p.step) * p.step
-            config[name] = int(round(value)) if isinstance(p, IntParam) else float(value)
+            if name in config:
+                config[name] = snap(p, config[name])
         return config
 
     return clip

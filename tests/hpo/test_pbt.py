@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -11,7 +13,7 @@ from optuna.trial import TrialState
 from hpo.errors import SpecError
 from hpo.spec import load_spec, parse_spec
 from hpo.tune.driver import pins_dir, run_study
-from hpo.tune.pbt import clip_to_space
+from hpo.tune.pbt import build_pbt, clip_to_space, param_space
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -80,3 +82,100 @@ def test_pb2_refuses_categorical_parameters():
     with pytest.raises(SpecError) as info:
         parse_spec(data)
     assert info.value.errors[0]["loc"] == "search_space.precision.type"
+
+
+# -- search domains on the spec's grid (issue 11, point 5) --------------------------------
+
+GRID_SPACE = {  # parameter -> its exact grid (None: continuous)
+    "int_step": ({"type": "int", "low": 1, "high": 5, "step": 2}, {1, 3, 5}),
+    "int_offset": ({"type": "int", "low": -7, "high": 14, "step": 3},
+                   {-7, -4, -1, 2, 5, 8, 11, 14}),
+    "int_plain": ({"type": "int", "low": -3, "high": 4}, set(range(-3, 5))),
+    "int_log": ({"type": "int", "low": 1, "high": 20, "log": True}, set(range(1, 21))),
+    "float_step": ({"type": "float", "low": 0.05, "high": 0.95, "step": 0.3},
+                   {0.05, 0.35, 0.65, 0.95}),
+    "float_fine": ({"type": "float", "low": -0.25, "high": 0.5, "step": 0.05},
+                   {round(-0.25 + k * 0.05, 2) for k in range(16)}),
+    "float_plain": ({"type": "float", "low": -2.0, "high": 3.0}, None),
+    "float_log": ({"type": "float", "low": 1e-4, "high": 1.0, "log": True}, None),
+    "choice": ({"type": "categorical", "choices": ["a", 2, 0.5, None]}, {"a", 2, 0.5, None}),
+}
+
+
+def _grid_spec(scheduler: str):
+    space = {k: p for k, (p, _) in GRID_SPACE.items()
+             if scheduler == "pbt" or p["type"] != "categorical"}
+    return parse_spec({"name": "grid", "task": "digits", "objective": {"metric": "val_loss"},
+                       "budget": {"n_trials": 4}, "search_space": space,
+                       "scheduler": {"name": scheduler, "perturbation_interval": 5}},
+                      check_task=False)
+
+
+def _initial_samples(spec, n: int) -> list[dict]:
+    from ray.tune.search.variant_generator import generate_variants
+
+    space, rng = param_space(spec), np.random.default_rng(0)
+    return [next(generate_variants(space, random_state=rng))[1] for _ in range(n)]
+
+
+def _assert_on_grid(name: str, values: list) -> None:
+    p, grid = GRID_SPACE[name]
+    if grid is not None:  # every grid value reached, nothing else
+        assert set(values) == grid, (name, sorted(set(values) - grid, key=str))
+        if p["type"] != "categorical":
+            assert all(type(v) is type(p["low"]) for v in values), name
+        return
+    assert all(type(v) is float and p["low"] <= v <= p["high"] for v in values), name
+
+
+@pytest.mark.parametrize("scheduler", ["pbt", "pb2"])
+def test_initial_population_is_drawn_from_every_point_of_the_grid_and_nothing_else(scheduler):
+    spec = _grid_spec(scheduler)
+    samples = _initial_samples(spec, 3000)
+    for name in spec.search_space:
+        _assert_on_grid(name, [s[name] for s in samples])
+    # continuous parameters: uniform, or uniform in log space
+    plain = np.array([s["float_plain"] for s in samples])
+    assert 0.45 < np.mean(plain < 0.5) < 0.55 and plain.min() < -1.9 and plain.max() > 2.9
+    log = np.array([s["float_log"] for s in samples])
+    assert 0.45 < np.mean(log < 1e-2) < 0.55 and log.min() < 2e-4 and log.max() > 0.5
+
+
+def test_pbt_mutations_stay_on_the_grid_and_reach_every_grid_point():
+    import random
+
+    spec = _grid_spec("pbt")
+    pbt = build_pbt(spec, None, Path("unused"))
+    random.seed(0)
+    np.random.seed(0)
+    mutated: dict[str, list] = {name: [] for name in spec.search_space}
+    for config in _initial_samples(spec, 300):
+        for _ in range(10):  # chains of perturbations and resamples
+            config, _ = pbt._get_new_config(None, SimpleNamespace(config=config))
+            for name, values in mutated.items():
+                values.append(config[name])
+    for name, values in mutated.items():
+        _assert_on_grid(name, values)
+
+
+def test_pb2_choices_are_mapped_to_the_nearest_grid_point():
+    """PB2's GP picks any value in [low, high] (its bounded optimizer often stops on a
+    bound), cast to the type of the trial's value, int() for ints
+    (ray.tune.schedulers.pb2._explore); the explore function then puts it on the grid."""
+    spec = _grid_spec("pb2")
+    explore = build_pbt(spec, None, Path("unused"))._custom_explore_fn
+    rng = np.random.default_rng(1)
+    start = _initial_samples(spec, 1)[0]
+    picked: dict[str, list] = {name: [] for name in spec.search_space}
+    for _ in range(3000):
+        gp = {name: type(start[name])(rng.choice([p.low, p.high, rng.uniform(p.low, p.high)],
+                                                 p=[0.05, 0.05, 0.9]))
+              for name, p in spec.search_space.items()}
+        for name, value in explore(gp).items():
+            picked[name].append(value)
+    for name, values in picked.items():
+        _assert_on_grid(name, values)
+    assert explore({"int_step": 4, "float_step": 0.5, "int_offset": 100})["int_step"] in (3, 5)
+    assert explore({"float_step": 0.5})["float_step"] == 0.65
+    assert explore({"float_step": 0.49})["float_step"] == 0.35
+    assert explore({"int_offset": 100, "int_log": -3})["int_offset"] == 14

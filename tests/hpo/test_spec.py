@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import optuna
 import pytest
@@ -152,6 +153,85 @@ INVALID = {
 }
 
 
+# Every count of a spec is bounded (issue 11, point 8): 10**400 and 1e30 were accepted, then
+# failed the study inside Ray. Each case: (spec, loc); the value is put in by _huge.
+HUGE = 10**400
+_PRUNER = {"name": "optuna-pruner"}
+_COUNTS = {
+    "budget.n_trials": {"budget": {"n_trials": HUGE}},
+    "budget.max_concurrent_trials": {"budget": {"n_trials": 4, "max_concurrent_trials": HUGE}},
+    "budget.timeout_s": {"budget": {"n_trials": 4, "timeout_s": 1e30}},
+    "resources.cpus": {"resources": {"cpus": 1e30}},
+    "resources.gpus": {"resources": {"gpus": 1e30}},
+    "resources.workers": {"resources": {"workers": HUGE}},
+    "resources.custom": {"resources": {"custom": {"a100": 1e30}}},
+    "max_failures": {"max_failures": HUGE},
+    "warm_start.0.top_k": {"warm_start": [{"study": "x", "top_k": HUGE}]},
+    "sampler.seed": {"sampler": {"name": "tpe", "seed": HUGE}},
+    "sampler.n_startup_trials": {"sampler": {"name": "tpe", "n_startup_trials": HUGE}},
+    "sampler.population_size": {"sampler": {"name": "nsga2", "population_size": HUGE}},
+    "scheduler.max_t": {"scheduler": {"name": "asha", "max_t": HUGE}},
+    "scheduler.grace_period": {"scheduler": {"name": "asha", "grace_period": HUGE}},
+    "scheduler.reduction_factor": {"scheduler": {"name": "asha", "reduction_factor": 1e30}},
+    "scheduler.brackets": {"scheduler": {"name": "asha", "brackets": HUGE}},
+    "scheduler.min_samples_required": {"scheduler": {"name": "median",
+                                                     "min_samples_required": HUGE}},
+    "scheduler.min_time_slice": {"scheduler": {"name": "median", "min_time_slice": HUGE}},
+    "scheduler.perturbation_interval": {"scheduler": {"name": "pbt",
+                                                      "perturbation_interval": HUGE}},
+    "scheduler.pruner.n_warmup_steps": {"scheduler": {**_PRUNER, "pruner": {
+        "name": "median", "n_warmup_steps": HUGE}}},
+    "scheduler.pruner.interval_steps": {"scheduler": {**_PRUNER, "pruner": {
+        "name": "percentile", "percentile": 50.0, "interval_steps": HUGE}}},
+    "scheduler.pruner.min_resource": {"scheduler": {**_PRUNER, "pruner": {
+        "name": "successive-halving", "min_resource": HUGE}}},
+    "scheduler.pruner.max_resource": {"scheduler": {**_PRUNER, "pruner": {
+        "name": "hyperband", "max_resource": HUGE}}},
+    "scheduler.pruner.reduction_factor": {"scheduler": {**_PRUNER, "pruner": {
+        "name": "hyperband", "reduction_factor": HUGE}}},
+    "scheduler.pruner.n_startup_steps": {"scheduler": {**_PRUNER, "pruner": {
+        "name": "wilcoxon", "n_startup_steps": HUGE}}},
+    "scheduler.pruner.patience": {"scheduler": {**_PRUNER, "pruner": {
+        "name": "patient", "patience": HUGE}}},
+    "config.max_epochs": {"config": {"max_epochs": HUGE}},
+    "config.max_updates": {"config": {"max_updates": 1e30}},
+    "config.eval_interval": {"config": {"eval_interval": 2**31}},
+    "config.seed": {"config": {"seed": 2**32}},
+    "config.split_seed": {"config": {"split_seed": 2**31}},  # a task's option
+    "config.lr": {"config": {"lr": HUGE}},  # a float option given an int beyond float64
+    "search_space.width.high": {"search_space": {"width": {"type": "int", "low": 8,
+                                                           "high": 2**40}}},
+    "search_space.depth.high": {"search_space": {"depth": {"type": "int", "low": 1,
+                                                           "high": HUGE}}},
+    "search_space.width.choices": {"search_space": {"width": {"type": "categorical",
+                                                              "choices": [8, HUGE]}}},
+}
+INVALID.update({f"huge-{loc}": (_with(**changes), loc) for loc, changes in _COUNTS.items()})
+
+
+def test_every_int_option_of_the_training_config_and_tasks_is_bounded():
+    import trainers
+
+    for task in ("digits", "charlm"):
+        infos = trainers.describe(trainers.TrainConfig) + trainers.get_task(task).fields()
+        ints = [i.name for i in infos if i.kind == "int" and not i.path]
+        assert "max_epochs" in ints and "micro_batch_size" in ints
+        for name in ints:
+            for value in (HUGE, -HUGE, 2**32, float(2**40)):
+                with pytest.raises(SpecError) as info:
+                    parse_spec({**_with(task=task, objective={"metric": "val_loss"}),
+                                "config": {"max_epochs": 1, name: value}})
+                assert info.value.errors[0]["loc"] == f"config.{name}", (name, value)
+
+
+def test_counts_at_their_bound_are_accepted():
+    spec = parse_spec(_with(config={"max_updates": 2**31 - 1, "seed": 2**32 - 1,
+                                    "eval_interval": 2**31 - 1},
+                            budget={"n_trials": 4, "timeout_s": 10 * 365.25 * 86400},
+                            scheduler={"name": "asha", "max_t": 2**31 - 1}))
+    assert spec.config["max_updates"] == 2**31 - 1 and spec.scheduler.max_t == 2**31 - 1
+
+
 @pytest.mark.parametrize("case", sorted(INVALID))
 def test_invalid_spec_names_the_field(case):
     data, loc = INVALID[case]
@@ -233,3 +313,53 @@ def test_yaml_duplicate_keys_and_non_utf8_files_are_refused(tmp_path):
     (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
     with pytest.raises(SpecError, match="not UTF-8"):
         load_spec(tmp_path / "latin1.yaml")
+
+
+# -- float steps and grids (issue 11, point 5) ---------------------------------------------
+
+@pytest.mark.parametrize(("low", "high", "step", "fits"), [
+    (0.05, 0.95, 0.3, True),  # low not a multiple of step: Ray's quniform refused it
+    (-0.25, 0.5, 0.05, True),
+    (0.1, 0.7, 0.2, True),  # (0.7 - 0.1) / 0.2 is 2.9999999999999996 in float
+    (0.0, 1.0000000001, 0.1, False),  # within 1e-8 of a multiple: Optuna moves high to 1.0
+    (0.1, 0.5, 0.15, False),
+])
+def test_a_float_step_is_accepted_exactly_where_optuna_keeps_high(low, high, step, fits):
+    data = _space(dropout={"type": "float", "low": low, "high": high, "step": step})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist = optuna.distributions.FloatDistribution(low, high, step=step)
+    assert (dist.high == high and not caught) == fits
+    if fits:
+        spec = parse_spec(data, check_task=False)
+        values = grid_values(spec.search_space["dropout"])
+        assert values[0] == low and values[-1] == high
+        assert all(dist._contains(v) for v in values)
+        assert len(values) == round((high - low) / step) + 1
+    else:
+        with pytest.raises(SpecError) as info:
+            parse_spec(data, check_task=False)
+        assert info.value.errors[0]["loc"] == "search_space.dropout.step"
+        assert f"last point below high is {dist.high}" in info.value.errors[0]["msg"]
+
+
+def test_grid_points_of_a_fine_float_step_stay_distinct():
+    spec = parse_spec(_space(dropout={"type": "float", "low": 0.0, "high": 1e-13,
+                                      "step": 1e-14}), check_task=False)
+    values = grid_values(spec.search_space["dropout"])
+    assert len(set(values)) == 11 and values[1] == 1e-14 and values[-1] == 1e-13
+
+
+def test_the_grid_sampler_refuses_a_grid_it_cannot_list():
+    big = _with(sampler={"name": "grid"}, search_space={
+        "dropout": {"type": "float", "low": 0.0, "high": 0.5, "step": 1e-7},
+        "width": {"type": "int", "low": 8, "high": 64, "step": 8}})
+    with pytest.raises(SpecError) as info:
+        parse_spec(big)
+    assert info.value.errors[0]["loc"] == "search_space"
+    assert info.value.errors[0]["msg"].startswith(
+        "the grid has 40,000,008 points, more than the grid sampler's 1,000,000")
+    ok = _with(sampler={"name": "grid"}, search_space={
+        "dropout": {"type": "float", "low": 0.0, "high": 0.5, "step": 1e-5},
+        "width": {"type": "int", "low": 8, "high": 24, "step": 8}})
+    assert grid_size(parse_spec(ok)) == 150_003
