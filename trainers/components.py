@@ -135,28 +135,6 @@ def build_run(task: Task, config: TrainConfig) -> Run:
     )
 
 
-def apply_config_hyperparameters(run: Run) -> None:
-    """Make the optimizer and schedule follow ``run.config`` after loading a checkpoint.
-
-    ``optimizer.load_state_dict`` restores the saved group hyperparameters; a run
-    resumed with a changed LR or weight decay (PBT's exploit-and-explore) must
-    use the new ones, from the same position in the schedule.
-    """
-    c = run.config
-    decays = [c.weight_decay, 0.0]
-    for group, decay in zip(run.optimizer.param_groups, decays, strict=True):
-        group["weight_decay"] = decay
-        if c.optimizer == "sgd":
-            group["momentum"] = c.momentum
-        else:
-            group["betas"] = (c.adam_beta1, c.adam_beta2)
-    sched = run.scheduler
-    sched.base_lrs = [c.lr for _ in run.optimizer.param_groups]
-    factor = sched.lr_lambdas[0](sched.last_epoch)
-    for group in run.optimizer.param_groups:
-        group["lr"] = c.lr * factor
-
-
 def move_to(batch: Any, device: torch.device) -> Any:
     """Move every tensor of a (nested) batch to ``device``."""
     if isinstance(batch, torch.Tensor):

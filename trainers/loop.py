@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from trainers import checkpoint as ckpt
-from trainers.components import Run, apply_config_hyperparameters, build_run, move_to
+from trainers.components import Run, build_run, move_to
 from trainers.config import TrainConfig
 from trainers.data import epoch_order, grouped, loader, micro_batches
 from trainers.distributed import (
@@ -60,42 +60,13 @@ from trainers.distributed import (
     broadcast_flag,
     gather_objects,
 )
-from trainers.ema import EMA
-from trainers.errors import CheckpointError, NonFiniteError
+from trainers.errors import NonFiniteError
 from trainers.evaluation import evaluate
 from trainers.fields import to_dict
 from trainers.precision import MAX_SKIPPED_IN_A_ROW
 from trainers.reporting import Decision, NullReporter, Reporter
+from trainers.resume import Restored, TrainState, Window, restore, run_state
 from trainers.tasks.base import Task
-
-CHECKPOINT_FORMAT = 1
-
-
-@dataclasses.dataclass
-class TrainState:
-    """Counters that survive a restart (saved in every checkpoint)."""
-
-    step: int = 0                 # optimizer updates applied
-    epoch: int = 0                # current epoch, 0-based
-    position: int = 0             # samples of this epoch already consumed by this rank
-    skipped_updates: int = 0
-    skipped_in_a_row: int = 0
-    samples: int = 0              # training samples processed, all ranks
-    best_value: float | None = None
-    best_step: int | None = None
-    evals_without_improvement: int = 0
-    stop_reason: str | None = None
-
-
-@dataclasses.dataclass
-class Window:
-    """Training statistics since the last evaluation (not checkpointed)."""
-
-    loss_sum: float = 0.0
-    items: int = 0
-    samples: int = 0
-    seconds: float = 0.0
-    grad_norm: float = float("nan")
 
 
 @dataclasses.dataclass
@@ -104,7 +75,8 @@ class TrainResult:
 
     Attributes:
         metrics: the last evaluation's metrics (also the last report).
-        history: the metrics of every evaluation, in order.
+        history: the metrics of every evaluation, in order (a resumed run's
+            includes those before its checkpoint).
         n_updates: optimizer updates applied.
         stop_reason: ``max_updates``, ``max_epochs``, ``early_stopping`` or ``reporter``.
         best_metric / best_value / best_step: the early-stopping metric's best
@@ -136,8 +108,13 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
             or ask for a checkpoint; default: none.
         resume_from: a checkpoint directory, or a checkpoint root (its newest
             checkpoint is used). Same config: the run continues bit for bit as
-            if never interrupted (fp32, CPU). A changed config (PBT) keeps model,
-            optimizer state and schedule position and takes the new hyperparameters.
+            if never interrupted (fp32, CPU), and a stop condition already met
+            there (early stopping's patience exhausted, ``max_updates``,
+            ``max_epochs``) ends it at once with the uninterrupted run's result;
+            its last evaluation is then reported again, as the new reporter may
+            never have seen it (a trial adopted by a new driver). A changed
+            config (PBT) keeps model, optimizer state and schedule position and
+            takes the new hyperparameters (the rule: ``trainers.checkpoint``).
 
     Returns:
         The final metrics, the history of evaluations and the trained model.
@@ -150,10 +127,10 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
     reporter = reporter or NullReporter()
     run = build_run(task, config)
     state = TrainState()
-    window = Window()
+    restored = Restored()
     if resume_from is not None:
-        window = _restore(run, state, ckpt.load_checkpoint(Path(resume_from)))
-    loop = _Loop(run, state, reporter, window)
+        restored = restore(run, state, ckpt.load_checkpoint(Path(resume_from)))
+    loop = _Loop(run, state, reporter, restored)
     loop.train()
     return TrainResult(
         metrics=loop.history[-1] if loop.history else {}, history=loop.history,
@@ -167,12 +144,14 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
 class _Loop:
     """The loop's mutable state and its three actions: update, evaluate, checkpoint."""
 
-    def __init__(self, run: Run, state: TrainState, reporter: Reporter, window: Window) -> None:
+    def __init__(self, run: Run, state: TrainState, reporter: Reporter,
+                 restored: Restored) -> None:
         self.run, self.state, self.reporter = run, state, reporter
-        self.window = window
-        self.history: list[dict[str, float]] = []
+        self.window = restored.window
+        self.history = list(restored.history)
+        self.n_restored_evals = len(self.history)
         self.started = time.perf_counter()
-        self.last_eval: tuple[int, int] | None = None
+        self.last_eval = restored.last_eval
         self.rng_snapshot: list[Any] | None = None
         if run.dist.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(run.dist.device)
@@ -183,11 +162,8 @@ class _Loop:
         run, state, c = self.run, self.state, self.run.config
         run.model.train()
         while state.stop_reason is None:
-            if c.max_epochs is not None and state.epoch >= c.max_epochs:
-                state.stop_reason = "max_epochs"
-                break
-            if c.max_updates is not None and state.step >= c.max_updates:
-                state.stop_reason = "max_updates"
+            state.stop_reason = self._limit_reached()
+            if state.stop_reason is not None:
                 break
             if hasattr(run.train_set, "set_epoch"):
                 run.train_set.set_epoch(state.epoch)
@@ -212,6 +188,27 @@ class _Loop:
                     self._evaluate_and_report()
         if self.last_eval != self._position_key():
             self._evaluate_and_report()
+        elif len(self.history) == self.n_restored_evals:
+            self._report_last_again()
+
+    def _limit_reached(self) -> str | None:
+        """The stop condition met before the next update, if any.
+
+        Early stopping's patience is checked here too: a run resumed from the
+        checkpoint of the evaluation that exhausted it has nothing left to train.
+        """
+        c, state = self.run.config, self.state
+        if self._patience_exhausted():
+            return "early_stopping"
+        if c.max_epochs is not None and state.epoch >= c.max_epochs:
+            return "max_epochs"
+        if c.max_updates is not None and state.step >= c.max_updates:
+            return "max_updates"
+        return None
+
+    def _patience_exhausted(self) -> bool:
+        patience = self.run.config.early_stopping_patience
+        return patience is not None and self.state.evals_without_improvement >= patience
 
     def _position_key(self) -> tuple[int, int]:
         return (self.state.step, self.state.samples)
@@ -309,9 +306,19 @@ class _Loop:
         decision = self.reporter.report(metrics, lambda: saved or self._save(meta))
         if broadcast_flag(decision is Decision.STOP, run.dist):
             state.stop_reason = "reporter"
-        elif c.early_stopping_patience is not None \
-                and state.evals_without_improvement >= c.early_stopping_patience:
+        elif self._patience_exhausted():
             state.stop_reason = "early_stopping"
+
+    def _report_last_again(self) -> None:
+        """Report the restored last evaluation again (a resume with nothing left to train).
+
+        The reporter may be a new one that never saw it (a trial adopted by a new
+        driver needs a final result); the run stops whatever it decides.
+        """
+        self._snapshot_rng()
+        metrics = self.history[-1]
+        meta = self._meta(metrics)
+        self.reporter.report(dict(metrics), lambda: self._save(meta))
 
     def _train_metrics(self) -> dict[str, float]:
         run, state, w = self.run, self.state, self.window
@@ -367,68 +374,11 @@ class _Loop:
         run = self.run
         if run.checkpoint_root is None or not run.dist.is_main:
             return None
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "task": run.task.name,
-            "options": to_dict(run.task.options),
-            "config": to_dict(run.config),
-            "world_size": run.dist.world_size,
-            "model": run.model.state_dict(),
-            "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(),
-            "scaler": run.scaler.state_dict(),
-            "ema": run.ema.state_dict() if run.ema is not None else None,
-            "trainer": dataclasses.asdict(self.state),
-            "window": dataclasses.asdict(self.window),  # train_loss since the last evaluation
-            "rng": self.rng_snapshot,
-        }
+        state = run_state(run, self.state, self.window, self.history, self.last_eval,
+                          self.rng_snapshot)
         return ckpt.save_checkpoint(run.checkpoint_root, self.state.step, state, meta,
                                     run.config.keep_last_checkpoints,
                                     durable=run.config.checkpoint_fsync)
-
-
-def _restore(run: Run, state: TrainState, saved: dict[str, Any]) -> Window:
-    """Load a checkpoint's state into a freshly built run; return the metrics window.
-
-    Raises:
-        CheckpointError: the checkpoint is incomplete, or does not fit this
-            run (another model, optimizer or number of ranks).
-    """
-    try:
-        _check_compatible(run, saved)
-        run.model.load_state_dict(saved["model"])
-        run.optimizer.load_state_dict(saved["optimizer"])
-        run.scheduler.load_state_dict(saved["scheduler"])
-        if saved["scaler"]:
-            run.scaler.load_state_dict(saved["scaler"])
-        if run.ema is not None and saved["ema"] is not None:
-            run.ema.load_state_dict(saved["ema"])
-        elif run.ema is not None:  # EMA switched on at resume: start from the loaded weights
-            run.ema = EMA(run.model, run.config.ema_decay)
-        trainer, rng, window = saved["trainer"], saved["rng"], saved.get("window")
-    except CheckpointError:
-        raise
-    except (KeyError, ValueError, RuntimeError, TypeError) as e:
-        raise CheckpointError(f"checkpoint does not fit this run: {type(e).__name__}: {e}") from e
-    apply_config_hyperparameters(run)
-    for key, value in trainer.items():
-        setattr(state, key, value)
-    state.stop_reason = None
-    if rng is not None:
-        ckpt.restore_rng(rng[run.dist.rank])
-    return Window(**window) if window else Window()
-
-
-def _check_compatible(run: Run, saved: dict[str, Any]) -> None:
-    if saved.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"unsupported checkpoint format {saved.get('format')!r}")
-    if saved["world_size"] != run.dist.world_size:
-        raise CheckpointError(f"checkpoint was written by {saved['world_size']} ranks, "
-                              f"this run has {run.dist.world_size}")
-    before = saved["config"]["optimizer"]
-    if before != run.config.optimizer:
-        raise CheckpointError(f"checkpoint holds {before} optimizer state; it cannot resume "
-                              f"with optimizer={run.config.optimizer}")
 
 
 def _clip(model: nn.Module, max_norm: float | None) -> torch.Tensor:

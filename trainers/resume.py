@@ -1,0 +1,167 @@
+"""What a checkpoint holds of a run, and how a fresh run is resumed from it.
+
+:func:`run_state` is the content of ``state.pt`` (``trainers.checkpoint`` writes
+it); :func:`restore` loads it into a freshly built :class:`~trainers.components.Run`
+under the rule documented in ``trainers.checkpoint``: the checkpoint gives the
+run's *state*, the config gives every *hyperparameter*.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainers import checkpoint as ckpt
+from trainers.components import Run
+from trainers.ema import EMA
+from trainers.errors import CheckpointError
+from trainers.fields import to_dict
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Counters that survive a restart (saved in every checkpoint)."""
+
+    step: int = 0                 # optimizer updates applied
+    epoch: int = 0                # current epoch, 0-based
+    position: int = 0             # samples of this epoch already consumed by this rank
+    skipped_updates: int = 0
+    skipped_in_a_row: int = 0
+    samples: int = 0              # training samples processed, all ranks
+    best_value: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+    stop_reason: str | None = None
+
+
+@dataclasses.dataclass
+class Window:
+    """Training statistics since the last evaluation (checkpointed: ``train_loss``
+    spans a resume)."""
+
+    loss_sum: float = 0.0
+    items: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    grad_norm: float = float("nan")
+
+
+@dataclasses.dataclass
+class Restored:
+    """What a checkpoint gives the loop besides the components' own states."""
+
+    window: Window = dataclasses.field(default_factory=Window)
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    last_eval: tuple[int, int] | None = None  # (step, samples) of the last evaluation
+
+
+def run_state(run: Run, state: TrainState, window: Window, history: list[dict[str, float]],
+              last_eval: tuple[int, int] | None, rng: list[Any] | None) -> dict[str, Any]:
+    """The content of a checkpoint's ``state.pt``: tensors and plain Python values.
+
+    Args:
+        history: every evaluation's metrics so far (a resumed run returns them).
+        last_eval: ``(step, samples)`` of the last evaluation, so that a resume at
+            that very position does not evaluate and report it as a new one.
+        rng: every rank's RNG states (``checkpoint.capture_rng``), by rank.
+    """
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "task": run.task.name,
+        "options": to_dict(run.task.options),
+        "config": to_dict(run.config),
+        "world_size": run.dist.world_size,
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "ema": run.ema.state_dict() if run.ema is not None else None,
+        "trainer": dataclasses.asdict(state),
+        "window": dataclasses.asdict(window),
+        "history": history,
+        "last_eval": list(last_eval) if last_eval is not None else None,
+        "rng": rng,
+    }
+
+
+def restore(run: Run, state: TrainState, saved: dict[str, Any]) -> Restored:
+    """Load a checkpoint's state into a freshly built run; return what the loop resumes with.
+
+    The checkpoint gives the state, the config every hyperparameter (see
+    ``trainers.checkpoint``). ``state`` is filled in place; its ``stop_reason``
+    is cleared (a reporter's stop is the outside's decision, e.g. a scheduler
+    pausing a trial: resuming overrides it), while the loop checks the run's own
+    stop conditions against the restored counters before it trains.
+
+    Raises:
+        CheckpointError: the checkpoint is incomplete, or does not fit this
+            run (another model, optimizer or number of ranks).
+    """
+    try:
+        _check_compatible(run, saved)
+        run.model.load_state_dict(saved["model"])
+        run.optimizer.load_state_dict(saved["optimizer"])
+        run.scheduler.load_state_dict(saved["scheduler"])
+        if saved["scaler"]:
+            run.scaler.load_state_dict(saved["scaler"])
+        if run.ema is not None and saved["ema"] is not None:
+            run.ema.load_state_dict(saved["ema"])
+        elif run.ema is not None:  # EMA switched on at resume: start from the loaded weights
+            run.ema = EMA(run.model, run.config.ema_decay)
+        trainer, rng, window = saved["trainer"], saved["rng"], saved.get("window")
+        watched = saved["config"].get("early_stopping_metric") or run.task.objective
+        last_eval = tuple(saved["last_eval"]) if saved.get("last_eval") else None
+        restored = Restored(Window(**window) if window else Window(),
+                            list(saved.get("history") or []), last_eval)
+    except CheckpointError:
+        raise
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        raise CheckpointError(f"checkpoint does not fit this run: {type(e).__name__}: {e}") from e
+    apply_config_hyperparameters(run)
+    for key, value in trainer.items():
+        setattr(state, key, value)
+    state.stop_reason = None
+    if watched != run.early_stopping_metric:  # early stopping now watches another metric
+        state.best_value, state.best_step, state.evals_without_improvement = None, None, 0
+    if rng is not None:
+        ckpt.restore_rng(rng[run.dist.rank])
+    return restored
+
+
+def apply_config_hyperparameters(run: Run) -> None:
+    """Make the optimizer and schedule follow ``run.config`` after loading a checkpoint.
+
+    ``optimizer.load_state_dict`` restores the saved group hyperparameters; a run
+    resumed with a changed LR, weight decay, betas or momentum (PBT's
+    exploit-and-explore) must use the new ones, from the same position in the
+    schedule. ``initial_lr`` (what a scheduler built at a later position would
+    start from) follows ``lr`` too.
+    """
+    c = run.config
+    decays = [c.weight_decay, 0.0]
+    for group, decay in zip(run.optimizer.param_groups, decays, strict=True):
+        group["weight_decay"] = decay
+        group["initial_lr"] = c.lr
+        if c.optimizer == "sgd":
+            group["momentum"] = c.momentum
+        else:
+            group["betas"] = (c.adam_beta1, c.adam_beta2)
+    sched = run.scheduler
+    sched.base_lrs = [c.lr for _ in run.optimizer.param_groups]
+    factor = sched.lr_lambdas[0](sched.last_epoch)
+    for group in run.optimizer.param_groups:
+        group["lr"] = c.lr * factor
+
+
+def _check_compatible(run: Run, saved: dict[str, Any]) -> None:
+    if saved.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"unsupported checkpoint format {saved.get('format')!r}")
+    if saved["world_size"] != run.dist.world_size:
+        raise CheckpointError(f"checkpoint was written by {saved['world_size']} ranks, "
+                              f"this run has {run.dist.world_size}")
+    before = saved["config"]["optimizer"]
+    if before != run.config.optimizer:
+        raise CheckpointError(f"checkpoint holds {before} optimizer state; it cannot resume "
+                              f"with optimizer={run.config.optimizer}")
