@@ -11,6 +11,37 @@ renamed into place, so a process killed while writing leaves the previous
 checkpoints untouched and loadable; leftovers of dead writers are removed by the
 next save. ``state.pt`` holds only tensors and plain Python values and is read
 with ``weights_only=True``.
+
+What a resume takes from where (``trainers.resume.restore``). The rule: the
+checkpoint gives the run's *state*, the config gives every *hyperparameter*;
+what follows from both (the current LR) is derived, never read back.
+
+=======================  ==================================  ==========================
+component                from the checkpoint (state)         from the config
+=======================  ==================================  ==========================
+model                    weights and buffers                 --
+optimizer                moments, momentum buffers, counts   ``lr``, ``weight_decay``,
+                                                             betas / momentum (also
+                                                             ``initial_lr``)
+LR schedule              position (updates applied)          kind, warmup, total updates
+                                                             (from ``max_updates`` /
+                                                             ``max_epochs``), ``min_lr_ratio``;
+                                                             the LR is ``lr * factor(position)``
+fp16 loss scaler         current scale, growth tracker       ``init_loss_scale`` only where
+                                                             the checkpoint has no scale
+EMA                      shadow weights, updates folded in   ``ema_decay``
+early stopping           best value and step, evaluations    patience, ``min_delta``;
+                         without improvement                 another watched metric starts
+                                                             the count afresh
+loop                     updates, epoch, data position,      ``max_updates``,
+                         RNG states, metrics history         ``max_epochs``, intervals,
+                                                             ``max_grad_norm``, precision
+=======================  ==================================  ==========================
+
+A stop condition already met at the checkpoint (patience exhausted,
+``max_updates`` or ``max_epochs`` reached, under the config's values) ends the
+resumed run before any update. A reporter's stop is not kept: it is the
+outside's decision (a scheduler pausing a trial resumes it on purpose).
 """
 
 from __future__ import annotations

@@ -54,10 +54,15 @@ class EMA:
         self.n_updates += 1
 
     def state_dict(self) -> dict[str, Any]:
+        """The shadow weights, the number of updates folded in, and ``decay`` (for the record)."""
         return {"module": self.module.state_dict(), "decay": self.decay,
                 "n_updates": self.n_updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the shadow weights and the update count of ``state``; keep this EMA's ``decay``.
+
+        The decay is a hyperparameter: a run resumed with another ``ema_decay``
+        averages with the new one from there on (the rule of ``trainers.checkpoint``).
+        """
         self.module.load_state_dict(state["module"])
-        self.decay = state["decay"]
         self.n_updates = state["n_updates"]

@@ -22,6 +22,7 @@ from trainers.checkpoint import (
     load_checkpoint,
 )
 from trainers.errors import CheckpointError, ConfigError, NonFiniteError, UnknownTaskError
+from trainers.schedules import lr_factor
 
 REPO = Path(__file__).resolve().parents[2]
 OPTIONS = RegressionOptions(n_samples=64, dropout=0.3, batch_norm=True)
@@ -238,3 +239,50 @@ def test_errors_survive_pickling():
                   UnknownTaskError("x", ["digits"]), CheckpointError("gone")]:
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is type(error) and str(again) == str(error)
+
+
+# -- issue 11.7: the checkpoint gives the state, the config every hyperparameter ----------
+
+
+def test_resume_with_another_ema_decay_averages_with_the_new_one(tmp_path):
+    fit(RegressionTask(OPTIONS), _config(tmp_path, ema_decay=0.9), StopAt(4))
+    # decay 0 folds in the live weights entirely: the EMA must end equal to the model
+    resumed = fit(RegressionTask(OPTIONS), _config(tmp_path, ema_decay=0.0),
+                  resume_from=tmp_path / "checkpoint-00000004")
+    assert resumed.n_updates == 11
+    for a, b in zip(resumed.model.state_dict().values(),
+                    resumed.ema_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert load_checkpoint(latest_checkpoint(tmp_path))["ema"]["decay"] == 0.0
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_resume_takes_every_optimizer_hyperparameter_from_the_config(optimizer, tmp_path):
+    before = dict(optimizer=optimizer, lr=0.05, weight_decay=0.01, adam_beta1=0.9,
+                  adam_beta2=0.999, momentum=0.9, schedule="constant", warmup_steps=0)
+    fit(RegressionTask(OPTIONS), _config(tmp_path, **before), StopAt(4))
+    after = {**before, "lr": 0.02, "weight_decay": 0.3, "adam_beta1": 0.5, "adam_beta2": 0.75,
+             "momentum": 0.25}
+    fit(RegressionTask(OPTIONS), _config(tmp_path, **after),
+        resume_from=tmp_path / "checkpoint-00000004")
+    groups = load_checkpoint(latest_checkpoint(tmp_path))["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.3, 0.0]  # never on biases and norms
+    for g in groups:
+        assert (g["lr"], g["initial_lr"]) == (0.02, 0.02)
+        if optimizer == "sgd":
+            assert g["momentum"] == 0.25
+        else:
+            assert tuple(g["betas"]) == (0.5, 0.75)
+
+
+def test_resume_follows_the_configs_schedule_from_the_saved_position(tmp_path):
+    fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=8, schedule="cosine"), StopAt(4))
+    new = dict(max_updates=12, lr=0.02, schedule="linear", warmup_steps=3, min_lr_ratio=0.1)
+    reporter = ListReporter()
+    fit(RegressionTask(OPTIONS), _config(tmp_path, **new), reporter,
+        resume_from=tmp_path / "checkpoint-00000004")
+    assert [r["step"] for r in reporter.reports] == list(range(5, 13))
+    for r in reporter.reports:  # the LR after `step` updates of the new schedule
+        expected = 0.02 * lr_factor(r["step"], schedule="linear", total_steps=12,
+                                    warmup_steps=3, min_lr_ratio=0.1)
+        assert (r["lr"], r["planned_updates"]) == (pytest.approx(expected, abs=1e-15), 12)

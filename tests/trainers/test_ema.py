@@ -76,3 +76,15 @@ def test_eval_with_ema_off_evaluates_live_weights():
 def test_ema_rejects_decay_outside_unit_interval():
     with pytest.raises(ValueError, match="decay"):
         EMA(torch.nn.Linear(2, 2), 1.0)
+
+
+def test_load_state_dict_takes_the_shadow_weights_and_keeps_this_emas_decay():
+    model = torch.nn.Linear(2, 2)
+    saved = EMA(model, 0.9)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    saved.update(model)
+    ema = EMA(torch.nn.Linear(2, 2), 0.5)
+    ema.load_state_dict(saved.state_dict())
+    assert (ema.decay, ema.n_updates) == (0.5, 1)  # the decay is the config's
+    assert torch.equal(ema.module.weight, saved.module.weight)
