@@ -6,6 +6,7 @@ called, into one of these; the service maps them to HTTP in one place.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 
@@ -37,6 +38,35 @@ class SpecError(HpoError, ValueError):
 
 def _bounded(text: str, limit: int = 1000) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]+\))?(:|$)")  # OverflowError: ...
+_URL = re.compile(r"\b([A-Za-z][\w+.-]*)://\S*")
+_PATH = re.compile(r"(?<![\w.:/~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*")
+
+
+def public_message(text: str, *, from_end: bool = False, limit: int = 300) -> str:
+    """One line about an error, fit for an API answer: no traceback, no file path, no URL.
+
+    Takes the exception line of a Python traceback (its last ``Type: message``
+    line), otherwise the first non-empty line (the last with ``from_end``, for
+    the tail of a log). File paths become ``<path>``, URLs (which may carry a
+    password) ``scheme://...``; at most ``limit`` characters. The full text
+    belongs in a log (issue 11: a study's ``error`` carried a server traceback).
+    """
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    if any(line.strip() == _TRACEBACK_HEAD or line.lstrip().startswith('File "')
+           for line in lines):
+        unindented = [line for line in lines if not line[0].isspace()]
+        exception = [line for line in unindented if _EXCEPTION_LINE.match(line)]
+        line = (exception or unindented or [""])[-1]
+    else:
+        line = (lines[-1] if from_end else lines[0]).strip() if lines else ""
+    line = _PATH.sub("<path>", _URL.sub(lambda m: f"{m.group(1)}://...", line))
+    if len(line) > limit:
+        line = line[:limit - 3] + "..."
+    return line or "no message"
 
 
 class StorageError(HpoError):

@@ -35,6 +35,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
+from hpo.errors import public_message
 from service.db import Status, StudyRow, utcnow
 from service.process import child_env, describe_exit, stop_process
 from service.settings import Settings
@@ -273,16 +274,18 @@ class Dispatcher:
             del self.drivers[name]
             with contextlib.suppress(OSError, AttributeError):
                 driver.proc.stdin.close()
+            tail = _tail(driver.log_path)
             reason = (f"the study driver ended with {describe_exit(code)} without a result; "
-                      f"last lines of {driver.log_path}:\n{_tail(driver.log_path)}")
+                      f"its log ends with: {public_message(tail, from_end=True)}")
             with self.sessions.begin() as session:
                 failed = session.execute(sa.update(StudyRow).where(
                     StudyRow.name == name, StudyRow.claimed_by == driver.claim,
                     StudyRow.status == Status.RUNNING).values(
                     status=Status.FAILED, error=reason, ended_at=utcnow(),
                     updated_at=utcnow())).rowcount
-            if failed:
-                log.error("study %s: %s", name, reason)
+            if failed:  # the service's log keeps the whole tail
+                log.error("study %s: %s; last lines of %s:\n%s", name, reason, driver.log_path,
+                          tail)
 
     def recover_interrupted_writes(self) -> None:
         """Finish deletes and undo creates that a crash interrupted (rows DELETING/CREATING)."""

@@ -10,7 +10,8 @@ still holds the claim ``CLAIM`` and that the service is still its parent. It
 writes the study's end itself:
 
 * COMPLETED: the study reached its budget; STOPPED: a user asked it to stop;
-* FAILED: the spec cannot run here or the driver raised (the error is kept);
+* FAILED: the spec cannot run here or the driver raised (one line of the error is kept,
+  without traceback or paths; the traceback is in this driver's log);
 * QUEUED again: the service shut down (``interrupt`` on stdin): ``run_study`` was interrupted,
   leaving its running trials RUNNING with their checkpoints, and the next start
   resumes them.
@@ -27,12 +28,11 @@ import os
 import stat
 import sys
 import threading
-import traceback
 
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
-from hpo.errors import HpoError
+from hpo.errors import public_message
 from hpo.spec import parse_spec
 from service.db import Status, StudyRow, build_engine, session_factory, utcnow
 from service.process import die_with_parent, parent_gone
@@ -138,11 +138,9 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
                             ray_address=settings.ray_address, results_dir=settings.results_dir,
                             should_stop=beat.should_stop,
                             should_interrupt=beat.should_interrupt)
-    except HpoError as e:
-        finish(sessions, name, claim, Status.FAILED, f"{type(e).__name__}: {e}")
-        return
-    except Exception:
-        finish(sessions, name, claim, Status.FAILED, traceback.format_exc()[-4000:])
+    except Exception as e:  # the traceback goes to this driver's log, one line to the row
+        log.exception("study %s failed", name)
+        finish(sessions, name, claim, Status.FAILED, public_message(f"{type(e).__name__}: {e}"))
         return
     finally:
         beat.close()

@@ -154,15 +154,51 @@ def test_a_driver_that_dies_without_ending_its_study_fails_it_with_its_log(world
     d.run_once()
     log_path = d.settings.results_dir / "crash.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("line one\nTraceback: boom\n")
+    log_path.write_text("line one\nTraceback (most recent call last):\n"
+                        '  File "/srv/hpo/hpo/tune/driver.py", line 3, in run_study\n'
+                        "    boom()\nRuntimeError: boom in /srv/hpo/hpo-runs/crash\n")
     driver = d.drivers["crash"]
     driver.log_path = log_path
     driver.proc.kill()
     driver.proc.wait()
     d.reap()
     row = _rows(app)["crash"]
-    assert row.status == "FAILED" and "signal SIGKILL" in row.error and "boom" in row.error
+    # one line, no traceback, no path (issue 11); the service's log has the tail
+    assert row.status == "FAILED" and row.error == (
+        "the study driver ended with signal SIGKILL without a result; its log ends with: "
+        "RuntimeError: boom in <path>")
     assert "crash" not in d.drivers
+
+
+def test_a_driver_that_raises_fails_its_study_with_one_line_without_traceback_or_path(
+        world, monkeypatch, caplog):
+    """The study's ``error`` is part of API answers: the exception's line, paths masked;
+    the traceback goes to the driver's log."""
+    import types
+
+    from service import worker
+
+    def run_study(*args, **kwargs):
+        try:
+            open("/srv/hpo/missing/results.json")  # noqa: SIM115 - raises
+        except OSError as e:
+            raise OverflowError(f"int too large in {e.filename}\n  File \"/srv/x.py\"") from e
+
+    monkeypatch.setitem(sys.modules, "hpo.tune.driver", types.SimpleNamespace(
+        run_study=run_study))
+    monkeypatch.setattr(worker, "watch_for_interrupt", lambda event: None)
+    app, submit, dispatcher = world
+    submit("raises")
+    d = dispatcher()
+    d.run_once()
+    worker.drive(d.settings, app.state.components.sessions, "raises", d.drivers["raises"].claim)
+    row = _rows(app)["raises"]
+    assert row.status == "FAILED" and row.error == "OverflowError: int too large in <path>"
+    assert "Traceback (most recent call last)" in caplog.text  # in the driver's log
+    with TestClient(app) as client:
+        token = create_token(app.state.components.sessions, "root", admin=True)
+        answer = client.get("/v1/studies/raises", headers=bearer(token)).json()
+    assert answer["error"] == "OverflowError: int too large in <path>"
 
 
 def test_a_driver_that_ended_its_study_is_reaped_without_changing_it(world):
