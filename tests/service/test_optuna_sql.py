@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
+import random
 
 import optuna
+import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
@@ -66,3 +69,83 @@ def test_device_seconds_counts_running_trials_from_their_start(db_url):
         assert optuna_sql.device_seconds(conn, sid, devices_held=2.0, now=later) == 20.0
         assert optuna_sql.trial_counts(conn, ["live"])["live"].running == 1
     engine.dispose()
+
+
+DISTS = {"lr": optuna.distributions.FloatDistribution(1e-4, 0.3, log=True),
+         "drop": optuna.distributions.FloatDistribution(0.0, 0.5, step=0.1),
+         "width": optuna.distributions.IntDistribution(8, 64, step=8),
+         "act": optuna.distributions.CategoricalDistribution(["relu", None, 2.5])}
+
+
+def _varied_study(storage, name: str, directions: list[str], n: int,
+                  constrained: bool = False) -> optuna.Study:
+    """Trials of every state, every parameter kind, attributes, inf and NaN where allowed
+    (written whole, one transaction each, as ``Study.add_trial`` does)."""
+    study = optuna.create_study(study_name=name, storage=storage, directions=directions)
+    rng = random.Random(n)
+    states = [TrialState.COMPLETE] * 5 + [TrialState.PRUNED, TrialState.FAIL]
+    for i in range(n):
+        state = states[i % 7]
+        values = [rng.random() for _ in directions]
+        if i == 3:
+            values[0] = float("-inf") if directions[0] == "minimize" else float("inf")
+        curve = [rng.random(), float("nan"), float("inf")][: i % 4]
+        study.add_trial(optuna.trial.create_trial(
+            state=state, values=values if state == TrialState.COMPLETE else None,
+            params={"lr": 10 ** rng.uniform(-4, -0.6), "drop": 0.1 * (i % 6),
+                    "width": 8 * (1 + i % 8), "act": ["relu", None, 2.5][i % 3]},
+            distributions=DISTS, user_attrs={"i": i, "nested": {"a": [i, None, "x"]}},
+            system_attrs={"note": f"n{i}"},
+            intermediate_values=({10 * s: v for s, v in enumerate(curve)}
+                                 if len(directions) == 1 else {}),
+            # Optuna's own key: feasible when every value is <= 0
+            constraints={"c": rng.uniform(-1, 0.5)} if constrained else None))
+    study.ask()  # RUNNING
+    study.enqueue_trial({"lr": 0.01})  # WAITING, with Optuna's system attributes
+    return study
+
+
+def _plain(trial: optuna.trial.FrozenTrial) -> dict:
+    """The trial's fields, NaN made comparable (NaN != NaN)."""
+    fields = dict(trial.__dict__)
+    fields["intermediate_values"] = {k: "NaN" if math.isnan(v) else v
+                                     for k, v in trial.intermediate_values.items()}
+    return fields
+
+
+@pytest.mark.parametrize("directions", [["minimize"], ["maximize"]])
+def test_load_trials_and_best_trial_equal_optunas_own_read(db_url, directions):
+    storage = open_storage(db_url)
+    study = _varied_study(storage, "so", directions, 40)
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        expected = study.get_trials()
+        loaded = optuna_sql.load_trials(conn, [t._trial_id for t in reversed(expected)])
+        bare = optuna_sql.load_trials(conn, [expected[1]._trial_id, 10**9],
+                                      intermediate=False)
+        best = optuna_sql.best_trials(conn, study._study_id)
+    engine.dispose()
+    assert [_plain(t) for t in loaded] == [_plain(t) for t in reversed(expected)]
+    assert len(bare) == 1 and bare[0].intermediate_values == {}
+    assert bare[0].params == expected[1].params and bare[0].values == expected[1].values
+    assert best[0].values[0] in (float("inf"), float("-inf"))  # inf ranks like Optuna's
+    best_expected = dict(_plain(study.best_trial), intermediate_values={})
+    assert [_plain(t) for t in best] == [best_expected]
+
+
+@pytest.mark.parametrize(("directions", "constrained"), [
+    (["minimize", "maximize"], False), (["maximize", "maximize", "minimize"], False),
+    (["minimize", "minimize"], True)])
+def test_pareto_front_equals_optunas_best_trials(db_url, directions, constrained):
+    storage = open_storage(db_url)
+    study = _varied_study(storage, "mo", directions, 80, constrained=constrained)
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        front = optuna_sql.best_trials(conn, study._study_id)
+        empty = optuna.create_study(study_name="empty", storage=storage, directions=directions)
+        none = optuna_sql.best_trials(conn, empty._study_id)
+    engine.dispose()
+    expected = study.best_trials
+    assert 1 <= len(expected) < 40 and none == []
+    assert [t.number for t in front] == [t.number for t in expected]
+    assert [_plain(t) for t in front] == [_plain(t) for t in expected]  # no curves: MO
