@@ -15,6 +15,7 @@ import ray.util
 from ray.tune import Callback
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from hpo.errors import public_message
 from hpo.record import StudyRecord
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,9 @@ class RecordCallback(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self._release_train_group(trial)
         self._note_checkpoint(trial)
-        self.record.fail(trial.trial_id, _error_text(trial))
+        text = _error_text(trial)
+        log.warning("trial %s failed:\n%s", trial.trial_id, text)  # whole, in the driver's log
+        self.record.fail(trial.trial_id, public_message(text))  # one line, for the study
         self.on_change()
 
     def _note_checkpoint(self, trial) -> None:
