@@ -6,8 +6,10 @@
 | ``NotAuthenticated`` | 401 | ``not_authenticated`` |
 | ``Forbidden`` | 403 | ``forbidden`` |
 | ``StudyNotFound``, ``TrialNotFound`` | 404 | ``not_found`` |
+| a method the path does not take | 405 | ``method_not_allowed`` (:mod:`service.middleware`) |
+| a body slower than ``HPO_BODY_TIMEOUT_S`` | 408 | ``request_timeout`` (same) |
 | ``StudyConflict`` | 409 | ``conflict`` |
-| body over the size limit | 413 | ``body_too_large`` (see :mod:`service.middleware`) |
+| body over the size limit | 413 | ``body_too_large`` (same) |
 | ``UnsupportedMediaType`` | 415 | ``unsupported_media_type`` |
 | ``hpo.errors.SpecError`` | 422 | ``invalid_spec``, one detail per field |
 | request validation (query, path) | 422 | ``invalid_request`` |
@@ -44,7 +46,22 @@ STATUS = {
 UNAVAILABLE = (StorageError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError,
                optuna.exceptions.StorageInternalError)
 HTTP_CODES = {400: "bad_request", 401: "not_authenticated", 403: "forbidden", 404: "not_found",
-              405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
+              405: "method_not_allowed", 408: "request_timeout", 413: "body_too_large",
+              415: "unsupported_media_type"}
+
+
+DESCRIPTIONS = {400: "the body is not well-formed JSON or YAML", 401: "no token, or an unknown one",
+                403: "the token may not do this", 404: "no such study (or trial) for this token",
+                409: "the study's name is taken, or its state forbids this",
+                413: "the request body is over HPO_MAX_BODY_BYTES",
+                415: "the body's content type is neither JSON nor YAML",
+                422: "invalid input; each detail names its field",
+                503: "the database is unavailable; retry after Retry-After seconds"}
+
+
+def documented(*statuses: int) -> dict[int | str, dict]:
+    """OpenAPI ``responses`` of a route for these error statuses, each of the error shape."""
+    return {s: {"model": ErrorBody, "description": DESCRIPTIONS[s]} for s in statuses}
 
 
 def error_response(status: int, code: str, message: str,
@@ -78,14 +95,20 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    log.warning("storage unavailable on %s %s: %s", request.method, request.url.path, exc)
+    log.warning("storage unavailable on %s %s: %s", request.method, _printable(request.url.path),
+                _printable(str(exc)))
     return error_response(503, "storage_unavailable", "the database is unavailable; retry later",
                           headers={"Retry-After": "2"})
 
 
 async def _internal(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    log.exception("unhandled error on %s %s", request.method, _printable(request.url.path))
     return error_response(500, "internal", "internal error")
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters (NUL, newlines: log injection) escaped."""
+    return text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
 
 
 def install(app: FastAPI) -> None:

@@ -3,7 +3,8 @@
 Nothing is built at import time. The database engine, the Optuna storage and
 the tables are made here; the dispatcher (when ``settings.run_dispatcher``)
 starts and stops with the app's lifespan. Routes are registered before the
-dashboard, which is mounted at ``/`` and answers every other path.
+dashboard, which is mounted at ``/`` and answers every other path; a method that an
+API route's path does not take answers 405 (:class:`service.middleware.MethodGuard`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from service.dashboard import build_dashboard
 from service.db import build_engine, create_tables, session_factory
 from service.deps import Components
 from service.health import Readiness
-from service.middleware import BodyLimit
+from service.middleware import BodyLimit, MethodGuard
+from service.openapi import install_openapi
 from service.routers import health, studies, tasks
 from service.settings import Settings
 from service.studies import StudyService
 
 log = logging.getLogger(__name__)
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -73,15 +76,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.components = Components(settings, sessions, study_service, readiness)
     app.state.dispatcher = dispatcher
     api_errors.install(app)
-    for router in (health.router, studies.router, tasks.router):
+    routers = (health.router, studies.router, tasks.router)
+    for router in routers:
         app.include_router(router)
+    install_openapi(app)
+    # the paths that answer 405 to other methods (not the dashboard): the routers' and /docs'
+    api_routes = [*app.router.routes, *(route for r in routers for route in r.routes)]
 
-    @app.api_route("/v1/{rest:path}", include_in_schema=False,
-                   methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    @app.api_route("/v1/{rest:path}", include_in_schema=False, methods=ANY_METHOD)
     def unknown_api_path(rest: str) -> JSONResponse:
         # without it, an unknown /v1 path falls through to the dashboard's HTML 404
         return api_errors.error_response(404, "not_found", f"no such API path: /v1/{rest}")
 
     app.mount("/", build_dashboard(storage, sessions, settings))
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       timeout_s=settings.body_timeout_s)
+    app.add_middleware(MethodGuard, routes=api_routes)
     return app

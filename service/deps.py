@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import sessionmaker
 
 from service.auth import ANONYMOUS, Principal, bearer, resolve
@@ -30,7 +31,12 @@ def components(request: Request) -> Components:
 ComponentsDep = Annotated[Components, Depends(components)]
 
 
-def reader(request: Request, c: ComponentsDep) -> Principal:
+# documents the bearer scheme in OpenAPI; the header is read by service.auth.bearer
+BEARER = HTTPBearer(auto_error=False, description="a token of `hpo token create`")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+
+
+def reader(request: Request, c: ComponentsDep, _: Credentials) -> Principal:
     """The caller of a read: its token's principal; anonymous only when reads are open."""
     token = bearer(request.headers.get("authorization"))
     if token is None and c.settings.open_reads:
@@ -38,7 +44,7 @@ def reader(request: Request, c: ComponentsDep) -> Principal:
     return resolve(c.sessions, token)
 
 
-def writer(request: Request, c: ComponentsDep) -> Principal:
+def writer(request: Request, c: ComponentsDep, _: Credentials) -> Principal:
     """The caller of a write: a token is always needed."""
     return resolve(c.sessions, bearer(request.headers.get("authorization")))
 

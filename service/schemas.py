@@ -4,19 +4,31 @@ Floats that are NaN or infinite (a diverged trial's intermediate values) are
 written as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``: JSON has
 no such numbers, and optuna-dashboard#108 shows what a bare ``Infinity`` does
 to a JSON client.
+
+Every datetime is written in UTC with its offset (``...Z``). Optuna stores naive
+datetimes of the local clock (``datetime.now()`` in the driver, which runs on
+the service's machine); the service's own tables store aware UTC ones.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from optuna.trial import FrozenTrial
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from service.studies import StudyView
 
 T = TypeVar("T")
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """``value`` in UTC; a naive one is read as this machine's local time (as Optuna wrote it)."""
+    return value.astimezone(dt.UTC)
+
+
+UTCDatetime = Annotated[dt.datetime, AfterValidator(as_utc)]
 
 
 class _Out(BaseModel):
@@ -69,8 +81,8 @@ class TrialOut(_Out):
     values: list[float] | None
     params: dict[str, Any]
     user_attrs: dict[str, Any] = Field(description="stopped_by, device_seconds, fail_reason, ...")
-    datetime_start: dt.datetime | None
-    datetime_complete: dt.datetime | None
+    datetime_start: UTCDatetime | None
+    datetime_complete: UTCDatetime | None
     duration_s: float | None
     intermediate_values: dict[int, float] | None = Field(
         None, description="step (optimizer updates) -> objective; only with ?intermediate=true")
@@ -95,9 +107,9 @@ class StudySummary(_Out):
     counts: Counts
     progress: Progress
     stop_requested: bool
-    created_at: dt.datetime
-    started_at: dt.datetime | None
-    ended_at: dt.datetime | None
+    created_at: UTCDatetime
+    started_at: UTCDatetime | None
+    ended_at: UTCDatetime | None
     error: str | None
 
     @classmethod

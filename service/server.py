@@ -22,6 +22,7 @@ import sys
 
 import uvicorn
 
+from service.connection_guard import guarded_protocol
 from service.errors import ServiceError
 from service.middleware import RedactTokens
 from service.process import child_env, stop_process
@@ -57,6 +58,15 @@ class LocalRay:
         stop_process(self.proc, timeout_s=30)
 
 
+def uvicorn_config(app, settings: Settings, **options) -> uvicorn.Config:
+    """uvicorn's config for ``app`` with the settings' address, timeouts and connection limit
+    (:mod:`service.connection_guard`); ``options`` go to ``uvicorn.Config`` as they are."""
+    protocol = guarded_protocol(settings.header_timeout_s, settings.body_timeout_s,
+                                settings.max_connections)
+    return uvicorn.Config(app, host=settings.host, port=settings.port, http=protocol,
+                          timeout_keep_alive=settings.keep_alive_s, **options)
+
+
 def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM.
 
@@ -74,8 +84,8 @@ def serve(settings: Settings) -> None:
                                        ray_auth_mode=local_ray.auth_mode)
         log.info("local Ray head at %s", local_ray.address)
     try:
-        config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                                log_level="info", timeout_graceful_shutdown=10)
+        config = uvicorn_config(create_app(settings), settings, log_level="info",
+                                timeout_graceful_shutdown=10)
         # uvicorn handles SIGINT/SIGTERM while it runs, then raises the signal again
         # against the handlers it found: these no-ops let the clean-up below run and
         # the process exit 0 after a clean shutdown.

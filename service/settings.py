@@ -14,6 +14,12 @@ variable                      default                    meaning
 ``HPO_MAX_RUNNING_STUDIES``   ``2``                      studies this service runs at once (1-1024)
 ``HPO_OPEN_READS``            ``false``                  reads need no token and show every study
 ``HPO_MAX_BODY_BYTES``        ``1048576``                larger request bodies answer 413
+``HPO_HEADER_TIMEOUT_S``      ``10``                     a request's headers must arrive in this
+                                                         time, else 408 and the connection closes
+``HPO_BODY_TIMEOUT_S``        ``30``                     a request's body must arrive in this time
+                                                         after its headers, else 408 / closed
+``HPO_KEEP_ALIVE_S``          ``5``                      an idle connection closes after this
+``HPO_MAX_CONNECTIONS``       ``1000``                   open connections served; more get 503
 ``HPO_HOST`` / ``HPO_PORT``   ``127.0.0.1`` / ``8000``   where ``hpo serve`` listens
 ``HPO_HEARTBEAT_S``           ``2``                      seconds between a driver's heartbeats
 ``HPO_HEARTBEAT_TIMEOUT_S``   ``30``                     silent this long: the study is taken over
@@ -47,6 +53,10 @@ class Settings:
     max_running_studies: int = 2
     open_reads: bool = False
     max_body_bytes: int = 1 << 20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1000
     host: str = "127.0.0.1"
     port: int = 8000
     heartbeat_s: float = 2.0
@@ -80,6 +90,10 @@ class Settings:
                                      1, 1024),
             open_reads=_bool(env, "HPO_OPEN_READS", cls.open_reads),
             max_body_bytes=_int(env, "HPO_MAX_BODY_BYTES", cls.max_body_bytes, 1024, 1 << 30),
+            header_timeout_s=_float(env, "HPO_HEADER_TIMEOUT_S", cls.header_timeout_s, 0.1, 3600),
+            body_timeout_s=_float(env, "HPO_BODY_TIMEOUT_S", cls.body_timeout_s, 0.1, 3600),
+            keep_alive_s=_float(env, "HPO_KEEP_ALIVE_S", cls.keep_alive_s, 0.1, 3600),
+            max_connections=_int(env, "HPO_MAX_CONNECTIONS", cls.max_connections, 1, 1 << 20),
             host=env.get("HPO_HOST") or cls.host,
             port=_int(env, "HPO_PORT", cls.port, 0, 65535),
             heartbeat_s=_float(env, "HPO_HEARTBEAT_S", cls.heartbeat_s, 0.05, 600),

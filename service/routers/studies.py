@@ -2,26 +2,41 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from hpo.errors import SpecError
-from hpo.spec import parse_text
+from hpo.spec import NAME_PATTERN, parse_text
+from service.api_errors import documented as errors
 from service.db import Status
 from service.deps import Reader, StudiesDep, Writer
-from service.errors import MalformedBody, UnsupportedMediaType
-from service.schemas import ErrorBody, Page, StudyOut, StudySummary, TrialOut
+from service.errors import MalformedBody, StudyNotFound, UnsupportedMediaType
+from service.openapi import spec_body
+from service.schemas import Page, StudyOut, StudySummary, TrialOut
 
 router = APIRouter(prefix="/v1/studies", tags=["studies"])
 
 JSON_TYPES = {"application/json"}
 YAML_TYPES = {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"}
-ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 422)}
+READ = errors(401, 404, 503)  # every route with a token and a study name
+WRITE = errors(401, 404, 409, 413, 503)  # 413: any body of a POST or DELETE is bounded
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="items to skip")]
 TrialNumber = Annotated[int, Path(ge=0, le=2**31 - 1, description="the trial's number")]
+
+
+def study_name(name: Annotated[str, Path(description="the study's name")]) -> str:
+    """The ``{name}`` of the address; one no study can have (a NUL byte, a slash, ...) answers
+    404 at once, never reaching the database (PostgreSQL refuses NUL in text)."""
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise StudyNotFound(f"no study named {name!r}")
+    return name
+
+
+StudyName = Annotated[str, Depends(study_name)]
 
 
 async def read_spec_body(request: Request) -> Any:
@@ -48,10 +63,9 @@ async def read_spec_body(request: Request) -> Any:
         raise MalformedBody(f"the body is {e.errors[0]['msg']}") from None
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut, responses=ERRORS,
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": {"type": "object"}},
-                 "application/yaml": {"schema": {"type": "string"}}}}})
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut,
+             responses=errors(400, 401, 409, 413, 415, 422, 503),
+             openapi_extra={"requestBody": spec_body()})
 async def create_study(request: Request, who: Writer, studies: StudiesDep,
                        response: Response) -> StudyOut:
     """Validate and store a study spec, create its Optuna study and queue it."""
@@ -61,7 +75,7 @@ async def create_study(request: Request, who: Writer, studies: StudiesDep,
     return StudyOut.of(view)
 
 
-@router.get("", response_model=Page[StudySummary], responses=ERRORS)
+@router.get("", response_model=Page[StudySummary], responses=errors(401, 422, 503))
 def list_studies(who: Reader, studies: StudiesDep, status: Status | None = None,
                  offset: Offset = 0, limit: Limit = 50) -> Page[StudySummary]:
     """The studies this token may see, newest first, optionally of one status."""
@@ -70,14 +84,14 @@ def list_studies(who: Reader, studies: StudiesDep, status: Status | None = None,
                               offset=offset, limit=limit)
 
 
-@router.get("/{name}", response_model=StudyOut, responses=ERRORS)
-def get_study(name: str, who: Reader, studies: StudiesDep) -> StudyOut:
+@router.get("/{name}", response_model=StudyOut, responses=READ)
+def get_study(name: StudyName, who: Reader, studies: StudiesDep) -> StudyOut:
     """A study: status, spec, trial counts by state, best trial, progress, device-seconds."""
     return StudyOut.of(studies.view(who, name))
 
 
-@router.get("/{name}/trials", response_model=Page[TrialOut], responses=ERRORS)
-def list_trials(name: str, who: Reader, studies: StudiesDep, offset: Offset = 0,
+@router.get("/{name}/trials", response_model=Page[TrialOut], responses={**READ, **errors(422)})
+def list_trials(name: StudyName, who: Reader, studies: StudiesDep, offset: Offset = 0,
                 limit: Limit = 50, intermediate: bool = False) -> Page[TrialOut]:
     """A page of the study's trials by number; ``intermediate=true`` adds their curves."""
     trials, total = studies.trials(who, name, offset, limit, intermediate=intermediate)
@@ -85,21 +99,22 @@ def list_trials(name: str, who: Reader, studies: StudiesDep, offset: Offset = 0,
                           offset=offset, limit=limit)
 
 
-@router.get("/{name}/trials/{number}", response_model=TrialOut, responses=ERRORS)
-def get_trial(name: str, number: TrialNumber, who: Reader, studies: StudiesDep) -> TrialOut:
+@router.get("/{name}/trials/{number}", response_model=TrialOut,
+            responses={**READ, **errors(422)})
+def get_trial(name: StudyName, number: TrialNumber, who: Reader, studies: StudiesDep) -> TrialOut:
     """One trial with its intermediate values."""
     return TrialOut.of(studies.trial(who, name, number), intermediate=True)
 
 
 @router.post("/{name}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StudyOut,
-             responses=ERRORS)
-def stop_study(name: str, who: Writer, studies: StudiesDep) -> StudyOut:
+             responses=WRITE)
+def stop_study(name: StudyName, who: Writer, studies: StudiesDep) -> StudyOut:
     """Stop a study: QUEUED ends STOPPED now, RUNNING ends its trials within seconds."""
     return StudyOut.of(studies.stop(who, name))
 
 
-@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS)
-def delete_study(name: str, who: Writer, studies: StudiesDep) -> Response:
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=WRITE)
+def delete_study(name: StudyName, who: Writer, studies: StudiesDep) -> Response:
     """Delete a study that is not running, with its trials and result files."""
     studies.delete(who, name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -7,6 +7,7 @@ import functools
 from fastapi import APIRouter
 
 import trainers
+from service.api_errors import documented
 from service.deps import Reader
 from service.schemas import FieldOut, TaskOut, TasksOut
 
@@ -34,7 +35,7 @@ def describe_tasks() -> TasksOut:
                     tasks=[_task(name) for name in trainers.list_tasks()])
 
 
-@router.get("", response_model=TasksOut)
+@router.get("", response_model=TasksOut, responses=documented(401, 503))
 def list_tasks(who: Reader) -> TasksOut:
     """The built-in and installed tasks (entry-point group ``hpo.trainers``)."""
     return describe_tasks()

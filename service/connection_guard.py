@@ -1,0 +1,161 @@
+"""uvicorn's HTTP/1.1 protocol with limits against slow and numerous clients.
+
+uvicorn (h11) has a keep-alive timeout between requests but none for a
+request in progress: a client that never finishes its headers, or trickles a
+body the app does not read, holds its connection for ever, and needs no
+token to do it (slowloris). :class:`GuardedH11Protocol` adds:
+
+* a header timeout: a request's headers (from a new connection, or from the
+  first byte after the previous answer) must be complete within
+  ``header_timeout_s``, else the connection gets 408 and is closed (closed
+  without an answer if nothing was sent at all);
+* a body timeout: the body must be complete within ``body_timeout_s`` of the
+  headers, else the connection is closed. The app answers the bodies it
+  reads with 408 itself (:class:`service.middleware.BodyLimit`); this closes
+  the connection ``BODY_GRACE_S`` later, for bodies no one reads;
+* a connection limit: with more than ``max_connections`` connections open, a
+  request gets 503 in the JSON error shape (and its connection is closed).
+
+uvicorn's own ``limit_concurrency`` answers a plain-text 503 and counts the
+connection asking; this limit counts it the same way but answers JSON.
+Everything uvicorn-internal that this relies on (``H11Protocol``, its
+``conn``, ``cycle``, ``connections`` and ``app``) is used here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+BODY_GRACE_S = 1.0
+
+
+def _error_body(code: str, message: str) -> bytes:
+    """The service's JSON error shape (:class:`service.schemas.ErrorBody`)."""
+    return json.dumps({"error": {"code": code, "message": message, "details": []}}).encode()
+
+
+def _raw_error(status: int, reason: str, code: str, message: str) -> bytes:
+    """A complete HTTP/1.1 error answer in the JSON error shape, closing the connection."""
+    body = _error_body(code, message)
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """``H11Protocol`` with header and body timeouts and a connection limit.
+
+    The limits are class attributes; :func:`guarded_protocol` makes a subclass
+    with the service's values (uvicorn builds one protocol per connection).
+    """
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 1000
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit_concurrency = None  # the limit below answers in the JSON shape
+        self.app = self._limited(self.app)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+
+    def _limited(self, app):
+        async def limited(scope, receive, send) -> None:
+            if scope["type"] == "http" and len(self.connections) > self.max_connections:
+                await send({"type": "http.response.start", "status": 503, "headers": [
+                    (b"content-type", b"application/json"), (b"connection", b"close"),
+                    (b"retry-after", b"1")]})
+                await send({"type": "http.response.body", "body": _error_body(
+                    "too_many_connections", f"the server serves {self.max_connections} "
+                    "connections at once; retry later")})
+                return
+            await app(scope, receive, send)
+
+        return limited
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow_state()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may parse a pipelined request
+        self._follow_state()
+
+    def _follow_state(self) -> None:
+        """Arm or cancel the timers for where the client is in its request."""
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self.conn.trailing_data[0]:  # part of the next request's headers
+                self._arm_header_timer()
+            return
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        if state is h11.SEND_BODY and self._body_timer is None:
+            self._body_timer = self.loop.call_later(
+                self.body_timeout_s + BODY_GRACE_S, self._body_timeout, self.cycle)
+        elif state is not h11.SEND_BODY and self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None and not self.transport.is_closing():
+            self._header_timer = self.loop.call_later(self.header_timeout_s,
+                                                      self._header_timeout)
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.trailing_data[0]:  # a request was begun: say why it ends
+            self.transport.write(_raw_error(
+                408, "Request Timeout", "request_timeout",
+                f"the request headers did not arrive within {self.header_timeout_s:g} s"))
+        self._unset_keepalive_if_required()
+        self.transport.close()
+
+    def _body_timeout(self, cycle) -> None:
+        self._body_timer = None
+        if (cycle is self.cycle and not self.transport.is_closing()
+                and self.conn.their_state is h11.SEND_BODY):
+            self.transport.close()
+
+
+def guarded_protocol(header_timeout_s: float, body_timeout_s: float,
+                     max_connections: int) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` class with these limits, for ``uvicorn.Config(http=...)``.
+
+    Args:
+        header_timeout_s: seconds a request's headers may take (> 0).
+        body_timeout_s: seconds a request's body may take after its headers (> 0).
+        max_connections: connections served at once (>= 1); more get 503.
+
+    Raises:
+        ValueError: a value out of range.
+    """
+    if not header_timeout_s > 0 or not body_timeout_s > 0:
+        raise ValueError(f"timeouts must be > 0, got {header_timeout_s=}, {body_timeout_s=}")
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be >= 1, got {max_connections=}")
+    return type("ServiceH11Protocol", (GuardedH11Protocol,), {
+        "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
+        "max_connections": max_connections})
