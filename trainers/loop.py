@@ -188,7 +188,7 @@ class _Loop:
                     self._evaluate_and_report()
         if self.last_eval != self._position_key():
             self._evaluate_and_report()
-        elif len(self.history) == self.n_restored_evals:
+        elif self.history and len(self.history) == self.n_restored_evals:
             self._report_last_again()
 
     def _limit_reached(self) -> str | None:
