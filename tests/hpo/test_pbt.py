@@ -64,15 +64,20 @@ def test_pb2_runs_a_population_and_records_its_exploits(sqlite_url, tmp_path):
     data.update(name="digits-pb2", scheduler={"name": "pb2", "perturbation_interval": 46,
                                               "quantile_fraction": 0.5})
     data["config"]["max_epochs"] = 6
+    # a float step whose low is not a multiple of it (Ray's quniform refused it)
+    data["search_space"]["dropout"] = {"type": "float", "low": 0.05, "high": 0.35, "step": 0.15}
     spec = parse_spec(data)
     run_study(spec, sqlite_url, results_dir=tmp_path)
     trials = optuna.load_study(study_name=spec.name, storage=sqlite_url).trials
-    summary = [(t.number, t.state.name, t.user_attrs) for t in trials]
+    summary = [(t.number, t.state.name, t.params, t.user_attrs) for t in trials]
     assert all(t.state == TrialState.COMPLETE for t in trials) and len(trials) == 4, summary
     exploits = [e for t in trials for e in t.user_attrs.get("exploits", [])]
     assert exploits, summary
     lr = spec.search_space["lr"]
     assert all(lr.low <= e["new"]["lr"] <= lr.high for e in exploits)
+    grid = {0.05, 0.2, 0.35}
+    assert {t.params["dropout"] for t in trials} <= grid, summary
+    assert {e["new"]["dropout"] for e in exploits} <= grid, summary
 
 
 def test_pb2_refuses_categorical_parameters():
