@@ -67,12 +67,12 @@ class GuardedH11Protocol(H11Protocol):
     def _limited(self, app):
         async def limited(scope, receive, send) -> None:
             if scope["type"] == "http" and len(self.connections) > self.max_connections:
+                body = _error_body("too_many_connections", f"the server serves "
+                                   f"{self.max_connections} connections at once; retry later")
                 await send({"type": "http.response.start", "status": 503, "headers": [
                     (b"content-type", b"application/json"), (b"connection", b"close"),
-                    (b"retry-after", b"1")]})
-                await send({"type": "http.response.body", "body": _error_body(
-                    "too_many_connections", f"the server serves {self.max_connections} "
-                    "connections at once; retry later")})
+                    (b"content-length", str(len(body)).encode()), (b"retry-after", b"1")]})
+                await send({"type": "http.response.body", "body": body})
                 return
             await app(scope, receive, send)
 
