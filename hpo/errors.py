@@ -42,6 +42,7 @@ def _bounded(text: str, limit: int = 1000) -> str:
 
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]+\))?(:|$)")  # OverflowError: ...
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray colours its trial errors
 _URL = re.compile(r"\b([A-Za-z][\w+.-]*)://\S*")
 _PATH = re.compile(r"(?<![\w.:/~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*")
 
@@ -51,11 +52,12 @@ def public_message(text: str, *, from_end: bool = False, limit: int = 300) -> st
 
     Takes the exception line of a Python traceback (its last ``Type: message``
     line), otherwise the first non-empty line (the last with ``from_end``, for
-    the tail of a log). File paths become ``<path>``, URLs (which may carry a
-    password) ``scheme://...``; at most ``limit`` characters. The full text
+    the tail of a log). Terminal colour codes are dropped, file paths become
+    ``<path>``, URLs (which may carry a password) ``scheme://...``; at most
+    ``limit`` characters. The full text
     belongs in a log (issue 11: a study's ``error`` carried a server traceback).
     """
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    lines = [line.rstrip() for line in _ANSI.sub("", text).splitlines() if line.strip()]
     if any(line.strip() == _TRACEBACK_HEAD or line.lstrip().startswith('File "')
            for line in lines):
         unindented = [line for line in lines if not line[0].isspace()]

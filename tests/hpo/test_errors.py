@@ -51,6 +51,7 @@ CASES = {
                             "nothing answers", {}, "ClusterError: cannot reach the Ray cluster "
                                                    "at 10.0.0.1:6379: nothing answers"),
     "empty": ("\n \n", {}, "no message"),
+    "colours": ("\x1b[36mValueError\x1b[39m: bad /x/y", {}, "ValueError: bad <path>"),
 }
 
 
