@@ -69,7 +69,7 @@ study = httpx.get(f"{url}/v1/studies/{name}", headers={"Authorization": f"Bearer
 best = study["best_trial"]["value"]
 print(f"== best val_accuracy {best:.4f} (goal >= {minimum}); "
       f"{study['device_seconds']:.0f} CPU-seconds used")
-print(f"== dashboard: {url}{study['dashboard_url']}?token={token}")
+print(f"== dashboard: {url}{study['dashboard_url']} - log in with the token {token}")
 sys.exit(0 if best >= minimum else 1)
 PY
 

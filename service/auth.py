@@ -4,7 +4,7 @@ A token is ``hpo_`` followed by 43 URL-safe characters (256 random bits), so
 a plain SHA-256 (no salt, no slow hash) is safe to store and look up by: the
 secret cannot be guessed from it. A request names its token as
 ``Authorization: Bearer TOKEN``; the dashboard also accepts the ``hpo_token``
-cookie that ``?token=`` sets (see :mod:`service.dashboard`).
+cookie that its login form sets (see :mod:`service.dashboard_login`).
 """
 
 from __future__ import annotations

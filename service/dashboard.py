@@ -3,25 +3,57 @@
 optuna-dashboard's WSGI app (a Bottle app, run through ``a2wsgi``) must sit at
 the root: its page loads ``/static/bundle.js`` and calls ``/api/...``
 absolutely, and mounted under a prefix it redirects forever. It has no auth of
-its own and 33 routes, of which every non-GET one writes (renames, deletes,
-``tell``, and even a schema migration). :class:`DashboardGate` puts it behind
-the service's tokens:
+its own, and many of its routes write: create, rename and delete studies,
+``tell`` trials, set trial attributes, even migrate the database schema.
+:class:`DashboardGate` puts it behind the service's tokens, default-deny:
 
-* the token comes from ``Authorization: Bearer``, the ``hpo_token`` cookie, or
-  ``?token=`` once (answered by a redirect that sets the cookie and drops the
-  token from the address);
-* methods other than GET/HEAD answer 403 unless the token is an admin's;
-* a non-admin token sees only its own studies: other study ids answer 404 and
-  ``/api/studies`` is filtered (unless reads are open);
-* ``/static/`` and ``/favicon.ico`` (the page's code, no data) need no token.
+* The path is normalised the way the dashboard's router reads it (the
+  server has already decoded percent-escapes; repeated slashes collapse,
+  trailing slashes go: optuna-dashboard strips them before routing), the
+  dashboard is handed that normalised path, and the route it will run is
+  found with the dashboard's own router (HEAD runs the GET route). So the
+  gate decides on exactly the route and arguments the dashboard will use.
+* Only the routes in :data:`ALLOWED` run, each with its :class:`Access`; any
+  other route answers 403 to every token, admins included (a newer
+  optuna-dashboard's new route stays closed until it is added there):
+
+  - the page, its code and its metadata (``/``, ``/dashboard...``,
+    ``/static/...``, ``/favicon.ico``, ``/api/meta``, the schema notice
+    ``GET /incompatible-rdb-schema``);
+  - reads: the study list ``/api/studies`` (a non-admin token gets only its
+    own studies, for GET and HEAD alike, ``content-length`` included), and
+    every route that reads one study by its id (``/api/studies/ID``,
+    ``.../param_importances``, ``.../plot/KIND``, ``/csv/ID``,
+    ``/artifacts/ID/...``): another owner's study answers 404;
+  - writes, for admin tokens only: the study's note and its trials' notes
+    (``PUT /api/studies/ID/note``, ``PUT /api/studies/ID/TRIAL/note``), which
+    only the dashboard reads.
+
+  Refused for everyone (403, pointing to the REST API): creating, renaming
+  and deleting studies (the service owns the study names and keeps its own
+  record of each study: use ``POST``/``DELETE /v1/studies``), telling trials,
+  setting trial attributes, preferential feedback and skips, artifact uploads
+  and deletions (the study drivers write the trials), the schema upgrade
+  (``POST /incompatible-rdb-schema``; the service migrates its own tables, an
+  Optuna schema upgrade is run by hand with ``optuna storage upgrade``) and
+  the LLM routes (no provider is configured).
+* The token comes from ``Authorization: Bearer`` or the ``hpo_token`` cookie
+  set by the login step (:mod:`service.dashboard_login`); never from the
+  address. A cookie-authenticated write must come from the service's own
+  pages (``Origin``/``Referer``, see there).
+* Without a token, a page answers 401 with the login form, anything else 401
+  in JSON; with ``HPO_OPEN_READS`` reads need no token and show every study.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import re
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import quote
 
+import bottle
 import optuna
 import optuna_dashboard
 import sqlalchemy as sa
@@ -29,79 +61,164 @@ from a2wsgi import WSGIMiddleware
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse
+from starlette.responses import Response
 
-from service import optuna_sql
+from service import dashboard_login, optuna_sql
 from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve
 from service.db import StudyRow
 from service.errors import NotAuthenticated
 from service.settings import Settings
 
-READ_METHODS = {"GET", "HEAD"}
-PUBLIC = re.compile(r"^/(static/|favicon\.ico$)")
-STUDY_PATH = re.compile(r"^/(?:api/studies|csv|artifacts)/(\d+)(?:/|$)")
-LOGIN_PAGE = """<!doctype html><title>hpo dashboard: token needed</title>
-<h1>Token needed</h1><p>Open <code>{path}?token=YOUR_TOKEN</code> once; a cookie keeps it.
-Create a token with <code>hpo token create NAME</code>.</p>"""
+READ_METHODS = frozenset({"GET", "HEAD"})
+PAGE_PATH = re.compile(r"^/(dashboard(/.*)?)?$")
+REFUSED = ("the dashboard does not change studies or trials here: the service manages them "
+           "(create, stop and delete studies through the REST API, /v1; see /docs)")
+
+
+class Access(enum.Enum):
+    """Who may call a dashboard route."""
+
+    PUBLIC = "no token: the page's code, no data"
+    PAGE = "any token: the page and metadata, no study data"
+    LIST = "any token: the study list, only the token's own studies for a non-admin"
+    STUDY = "a token that sees the study named by the route's study_id"
+    NOTE = "admin tokens: notes, which only the dashboard reads"
+
+
+# optuna-dashboard 0.21's routes (method, Bottle rule) that the gate lets through.
+ALLOWED: dict[tuple[str, str], Access] = {
+    ("GET", "/static/<filename:path>"): Access.PUBLIC,
+    ("GET", "/favicon.ico"): Access.PUBLIC,
+    ("GET", "/"): Access.PAGE,
+    ("GET", "/dashboard<:re:(/.*)?>"): Access.PAGE,
+    ("GET", "/api/meta"): Access.PAGE,
+    ("GET", "/incompatible-rdb-schema"): Access.PAGE,
+    ("GET", "/api/studies"): Access.LIST,
+    ("GET", "/api/studies/<study_id:int>"): Access.STUDY,
+    ("GET", "/api/studies/<study_id:int>/param_importances"): Access.STUDY,
+    ("GET", "/api/studies/<study_id:int>/plot/<plot_type>"): Access.STUDY,
+    ("GET", "/csv/<study_id:int>"): Access.STUDY,
+    ("GET", "/artifacts/<study_id:int>/<artifact_id:re:[0-9a-fA-F-]+>"): Access.STUDY,
+    ("GET", "/artifacts/<study_id:int>/<trial_id:int>/<artifact_id:re:[0-9a-fA-F-]+>"):
+        Access.STUDY,
+    ("PUT", "/api/studies/<study_id:int>/note"): Access.NOTE,
+    ("PUT", "/api/studies/<study_id:int>/<trial_id:int>/note"): Access.NOTE,
+}
 
 
 def build_dashboard(storage: optuna.storages.BaseStorage, sessions: sessionmaker,
                     settings: Settings) -> DashboardGate:
     """The gated dashboard ASGI app over ``storage``; mount it at ``/`` after the API routes."""
-    return DashboardGate(WSGIMiddleware(optuna_dashboard.wsgi(storage)), sessions, settings)
+    return DashboardGate(optuna_dashboard.wsgi(storage), sessions, settings)
+
+
+def normalize_path(path: str) -> str:
+    """``path`` as optuna-dashboard routes it: one slash between segments, none at the end.
+
+    ``path`` is the ASGI ``scope["path"]``, already percent-decoded by the server.
+    """
+    return re.sub(r"/{2,}", "/", path).rstrip("/") or "/"
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """The dashboard route a request runs: its ``Access`` (``None``: refused) and arguments."""
+
+    access: Access | None
+    args: dict
 
 
 class DashboardGate:
-    """ASGI app: auth, read-only for non-admins, and owner scoping in front of the dashboard."""
+    """ASGI app: auth, the route allow-list and owner scoping in front of the dashboard.
 
-    def __init__(self, app, sessions: sessionmaker, settings: Settings) -> None:
-        self.app = app
+    Args:
+        bottle_app: optuna-dashboard's WSGI app (``optuna_dashboard.wsgi(storage)``).
+        sessions: the service's database sessions (tokens, study owners).
+        settings: ``open_reads`` and ``url`` (the address cookie writes must come from).
+    """
+
+    def __init__(self, bottle_app: bottle.Bottle, sessions: sessionmaker,
+                 settings: Settings) -> None:
+        self.router = bottle_app.router
+        self.app = WSGIMiddleware(bottle_app)
         self.sessions = sessions
         self.settings = settings
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or PUBLIC.match(scope["path"]):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = Request(scope)
-        response = await self._check(request)
-        if response is not None:
-            await response(scope, receive, send)
-            return
-        who: Principal = scope["hpo.principal"]
-        if (scope["path"] == "/api/studies" and scope["method"] == "GET"
-                and not self._sees_all(who)):
-            await self.app(scope, receive, _Filter(send, await self._owned_ids(who)).send)
-            return
-        await self.app(scope, receive, send)
+        path = normalize_path(scope["path"])
+        scope = {**scope, "path": path, "raw_path": quote(path).encode("ascii")}
+        request = Request(scope, receive)
+        if path in (dashboard_login.LOGIN_PATH, dashboard_login.LOGOUT_PATH):
+            answer = await dashboard_login.answer(request, self.sessions, self.settings)
+        else:
+            answer = await self._check(request)
+        if isinstance(answer, Response):
+            await answer(scope, receive, send)
+        elif answer is not None:  # the owned study ids the list is filtered to
+            head = scope["method"] == "HEAD"
+            await self.app({**scope, "method": "GET"}, receive,
+                           _Filter(send, answer, head).send)
+        else:
+            await self.app(scope, receive, send)
 
-    async def _check(self, request: Request):
-        """``None`` to let the request through, else the answer that refuses it."""
-        query_token = request.query_params.get("token")
+    async def _check(self, request: Request) -> Response | set[int] | None:
+        """A refusal, the study ids to filter the list to, or ``None`` to let it through."""
+        route = self._route(request.method, request.url.path)
+        if isinstance(route, Route) and route.access is Access.PUBLIC:
+            return None
         try:
-            if query_token is not None:
-                await run_in_threadpool(resolve, self.sessions, query_token)
-                return _login_redirect(request, query_token)
-            who = await self._principal(request)
+            who, by_cookie = await self._principal(request)
         except NotAuthenticated as e:
-            if request.url.path.startswith("/dashboard") or request.url.path == "/":
-                return HTMLResponse(LOGIN_PAGE.format(path=request.url.path), status_code=401)
+            if PAGE_PATH.match(request.url.path):
+                return dashboard_login.login_page(request.url.path, status_code=401)
             return error_response(401, "not_authenticated", str(e))
-        request.scope["hpo.principal"] = who
-        if request.method not in READ_METHODS and not who.is_admin:
-            return error_response(403, "forbidden", "the dashboard is read-only for non-admin "
-                                                    "tokens")
-        match = STUDY_PATH.match(request.url.path)
-        if match and not self._sees_all(who) and int(match[1]) not in await self._owned_ids(who):
-            return error_response(404, "not_found", f"no study with id {match[1]}")
+        if by_cookie and request.method not in dashboard_login.SAFE_METHODS:
+            refusal = dashboard_login.cross_origin_refusal(request.headers, self.settings.url)
+            if refusal is not None:
+                return refusal
+        if not isinstance(route, Route):
+            return route
+        if route.access is None:
+            return error_response(403, "forbidden", REFUSED)
+        if route.access is Access.NOTE and not who.is_admin:
+            return error_response(403, "forbidden",
+                                  "the dashboard is read-only for non-admin tokens")
+        if self._sees_all(who) or route.access is Access.PAGE:
+            return None
+        owned = await self._owned_ids(who)
+        if route.access is Access.LIST:
+            return owned
+        if route.args["study_id"] not in owned:
+            return error_response(404, "not_found", f"no study with id {route.args['study_id']}")
         return None
 
-    async def _principal(self, request: Request) -> Principal:
-        token = bearer(request.headers.get("authorization")) or request.cookies.get(COOKIE_NAME)
+    def _route(self, method: str, path: str) -> Route | Response:
+        """The route the dashboard's router picks for ``method`` and ``path``, or its error."""
+        try:
+            target, args = self.router.match({"REQUEST_METHOD": method, "PATH_INFO": path})
+        except bottle.HTTPError as e:
+            if e.status_code == 405:
+                methods = set(e.get_header("Allow", "").split(","))
+                allow = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
+                return error_response(405, "method_not_allowed",
+                                      f"{path} answers {allow}", headers={"Allow": allow})
+            if e.status_code == 404:
+                return error_response(404, "not_found", f"no such path: {path}")
+            return error_response(400, "bad_request", f"malformed path: {path}")
+        return Route(ALLOWED.get((target.method, target.rule)), args)
+
+    async def _principal(self, request: Request) -> tuple[Principal, bool]:
+        """Who calls, and whether the cookie (not a bearer header) said so."""
+        token = bearer(request.headers.get("authorization"))
+        by_cookie = token is None and COOKIE_NAME in request.cookies
+        token = token or request.cookies.get(COOKIE_NAME)
         if token is None and self.settings.open_reads and request.method in READ_METHODS:
-            return ANONYMOUS
-        return await run_in_threadpool(resolve, self.sessions, token)
+            return ANONYMOUS, False
+        return await run_in_threadpool(resolve, self.sessions, token), by_cookie
 
     def _sees_all(self, who: Principal) -> bool:
         return who.is_admin or self.settings.open_reads
@@ -116,22 +233,14 @@ class DashboardGate:
         return await run_in_threadpool(query)
 
 
-def _login_redirect(request: Request, token: str) -> RedirectResponse:
-    """Redirect to the same address without ``token``, setting the cookie."""
-    rest = [(k, v) for k, v in parse_qsl(request.url.query) if k != "token"]
-    target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
-    response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE_NAME, token, httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https", path="/")
-    return response
-
-
 class _Filter:
-    """Wraps ``send`` to keep only owned studies in the ``/api/studies`` answer."""
+    """Wraps ``send`` to keep only owned studies in the ``/api/studies`` answer; with ``head``,
+    sends its headers (the filtered ``content-length``) and no body."""
 
-    def __init__(self, send, owned: set[int]) -> None:
+    def __init__(self, send, owned: set[int], head: bool) -> None:
         self._send = send
         self.owned = owned
+        self.head = head
         self.start: dict | None = None
         self.chunks: list[bytes] = []
 
@@ -154,4 +263,4 @@ class _Filter:
         headers = [(k, v) for k, v in self.start["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await self._send({**self.start, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body})
+        await self._send({"type": "http.response.body", "body": b"" if self.head else body})

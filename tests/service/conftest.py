@@ -110,9 +110,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app):
-    """uvicorn serving ``app`` on a free port in a thread; yields the base URL."""
-    port = free_port()
+def serve_in_thread(app, port: int | None = None):
+    """uvicorn serving ``app`` on ``port`` (default: a free one) in a thread; yields the base
+    URL."""
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

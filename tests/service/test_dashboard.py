@@ -1,15 +1,24 @@
-"""The Optuna dashboard at the root path: behind the tokens, read-only for non-admins,
-scoped to the token's studies, and robust to infinite and NaN values (optuna-dashboard#108)."""
+"""The Optuna dashboard at the root path: behind the tokens, default-deny on its routes, scoped to
+the token's studies on every route, path form and method, unable to change the studies the
+service manages, and robust to infinite and NaN values (optuna-dashboard#108)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import optuna
+import optuna_dashboard
 import pytest
 
-from service.auth import COOKIE_NAME
+from service.app import create_app
+from service.dashboard import ALLOWED, REFUSED, Access
 from tests.service.conftest import TestClient, bearer, tiny_spec
+
+ALICE_STUDY = "alice-secret-study"  # a name that appears nowhere else in any answer
+BOB_STUDY = "bob-own-study"
+ORIGIN = "http://testserver"
 
 
 def _strict_json(text: str):
@@ -22,70 +31,182 @@ def _strict_json(text: str):
 
 @pytest.fixture
 def studies(client, tokens, app) -> dict[str, int]:
-    """Studies ``a`` (alice) and ``b`` (bob); their Optuna study ids."""
-    client.post("/v1/studies", json=tiny_spec("a"), headers=bearer(tokens["alice"]))
-    client.post("/v1/studies", json=tiny_spec("b"), headers=bearer(tokens["bob"]))
+    """Alice's and Bob's studies (one finished trial each): their Optuna study ids, and
+    ``alice_trial``, the Optuna trial id of Alice's trial."""
+    client.post("/v1/studies", json=tiny_spec(ALICE_STUDY), headers=bearer(tokens["alice"]))
+    client.post("/v1/studies", json=tiny_spec(BOB_STUDY), headers=bearer(tokens["bob"]))
     storage = app.state.components.studies.storage
-    return {name: storage.get_study_id_from_name(name) for name in ("a", "b")}
+    ids = {}
+    for name in (ALICE_STUDY, BOB_STUDY):
+        study = optuna.load_study(study_name=name, storage=storage)
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
+        study.tell(trial, 0.5)
+        ids[name] = study._study_id
+        ids[f"{name}/trial"] = trial._trial_id
+    return ids
+
+
+def _dashboard_routes(app) -> list[tuple[str, str]]:
+    """(method, rule) of every route of optuna-dashboard's Bottle app, as it is installed."""
+    return [(r.method, r.rule) for r in
+            optuna_dashboard.wsgi(app.state.components.studies.storage).routes]
+
+
+def _concrete(rule: str, study_id: int, trial_id: int) -> str:
+    """A path of ``rule`` naming ``study_id`` and ``trial_id``."""
+    values = {"": f"/studies/{study_id}", "study_id": study_id, "trial_id": trial_id,
+              "plot_type": "contour", "filename": "bundle.js", "history_id": "0",
+              "artifact_id": "0123abcd-0000-4000-8000-00000000abcd"}
+    return re.sub(r"<(\w*)[^>]*>", lambda m: str(values[m[1]]), rule)
+
+
+def _variants(path: str) -> list[str]:
+    """``path`` in the forms the dashboard's router reads as the same route."""
+    forms = [path, path + "/", "/" + path, path.replace("/", "//"), path + "%2F",
+             path + "?after=0&study_id=1"]
+    if len(path) > 1:  # a percent-escaped first letter
+        forms.append(f"/%{ord(path[1]):02X}{path[2:]}")
+    return [ORIGIN + form for form in forms]  # absolute: "//x" would name a host
+
+
+def _gate_refused(r) -> bool:
+    """The answer is the gate's (the service's JSON error shape), not the dashboard's."""
+    return (r.status_code in (401, 403, 404, 405)
+            and r.headers.get("content-type", "").startswith("application/json")
+            and (r.request.method == "HEAD" or "error" in r.json()))
 
 
 def test_dashboard_page_and_assets_answer_at_the_root_path(client, tokens, studies):
     h = bearer(tokens["alice"])
     page = client.get("/dashboard", headers=h)
     assert page.status_code == 200 and "<title>Optuna Dashboard</title>" in page.text
-    assert client.get(f"/dashboard/studies/{studies['a']}", headers=h).status_code == 200
+    assert client.get(f"/dashboard/studies/{studies[ALICE_STUDY]}", headers=h).status_code == 200
     assert client.get("/static/bundle.js").status_code == 200  # code, no data: no token
     assert client.get("/api/meta", headers=h).status_code == 200
 
 
-def test_dashboard_needs_a_token(client, tokens, studies):
-    page = client.get("/dashboard")
-    assert page.status_code == 401 and "?token=" in page.text
-    api = client.get("/api/studies")
-    assert api.status_code == 401 and api.json()["error"]["code"] == "not_authenticated"
-    assert client.get("/dashboard?token=hpo_wrong").status_code == 401
+def test_every_dashboard_route_shows_nothing_of_another_owners_study(client, tokens, studies,
+                                                                     app):
+    sid, tid = studies[ALICE_STUDY], studies[f"{ALICE_STUDY}/trial"]
+    bob = bearer(tokens["bob"])
+    routes = _dashboard_routes(app)
+    assert len(routes) == 33  # optuna-dashboard 0.21; a new one is walked too
+    leaks, wrong = [], []
+    for method, rule in routes:
+        for url in _variants(_concrete(rule, sid, tid)):
+            for verb in ({method, "HEAD"} if method == "GET" else {method}):
+                r = client.request(verb, url, headers=bob, json={}, follow_redirects=False)
+                where = (verb, url, r.status_code)
+                if ALICE_STUDY in r.text:
+                    leaks.append(where)
+                if ALLOWED.get((method, rule)) in (Access.PUBLIC, Access.PAGE, Access.LIST):
+                    expected = r.status_code in (200, 302)
+                else:  # reads of her study: not found; writes: refused
+                    expected = _gate_refused(r) and r.status_code == (
+                        404 if method == "GET" else 403)
+                if not expected:
+                    wrong.append(where)
+    assert (leaks, wrong) == ([], [])
 
 
-def test_token_in_the_query_sets_a_cookie_and_redirects_without_it(app, tokens, studies):
-    with TestClient(app, follow_redirects=False) as c:
-        r = c.get(f"/dashboard/studies/{studies['a']}?token={tokens['alice']}&x=1")
-        assert r.status_code == 303
-        assert r.headers["location"] == f"/dashboard/studies/{studies['a']}?x=1"
-        cookie = r.headers["set-cookie"]
-        assert f"{COOKIE_NAME}={tokens['alice']}" in cookie
-        assert "HttpOnly" in cookie and "SameSite=strict" in cookie
-        assert c.get(f"/api/studies/{studies['a']}").status_code == 200  # cookie kept
+@pytest.mark.parametrize("verb", ["GET", "HEAD"])
+def test_the_study_list_is_filtered_in_every_path_form_and_method(client, tokens, studies,
+                                                                  verb):
+    bob = bearer(tokens["bob"])
+    only_bob = client.get("/api/studies", headers=bob)
+    assert [s["study_name"] for s in only_bob.json()["study_summaries"]] == [BOB_STUDY]
+    for url in _variants("/api/studies"):
+        r = client.request(verb, url, headers=bob)
+        assert r.status_code == 200, url
+        assert r.headers["content-length"] == str(len(only_bob.content)), url
+        assert r.content == (b"" if verb == "HEAD" else only_bob.content), url
+    admin = client.request(verb, "/api/studies/", headers=bearer(tokens["admin"]))
+    assert int(admin.headers["content-length"]) > len(only_bob.content)
 
 
-def test_non_admin_tokens_cannot_write_through_the_dashboard(client, tokens, studies, app):
+def test_the_owner_and_admins_reach_every_read_route_of_a_study(client, tokens, studies, app):
+    sid, tid = studies[ALICE_STUDY], studies[f"{ALICE_STUDY}/trial"]
+    for who in ("alice", "admin"):
+        for method, rule in _dashboard_routes(app):
+            if method != "GET":
+                continue
+            for url in _variants(_concrete(rule, sid, tid)):
+                r = client.get(url, headers=bearer(tokens[who]), follow_redirects=False)
+                assert not _gate_refused(r), (who, url, r.status_code, r.text[:200])
+    detail = client.get(f"/api/studies/{sid}/", headers=bearer(tokens["alice"]))
+    assert detail.json()["name"] == ALICE_STUDY
+
+
+def test_every_allowed_route_is_a_route_of_the_dashboard(app):
+    assert set(ALLOWED) <= set(_dashboard_routes(app))
+
+
+def test_an_unknown_dashboard_path_or_method_answers_in_json(client, tokens):
+    h = bearer(tokens["admin"])
+    missing = client.get("/api/no-such-route", headers=h)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = client.request("PATCH", "/api/studies", headers=h)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD, POST"
+    assert client.get("/api/no-such-route").status_code == 401  # no token: nothing to learn
+
+
+def test_non_admin_tokens_cannot_write_through_the_dashboard(client, tokens, studies):
     h = bearer(tokens["alice"])
-    sid = studies["a"]
-    for method, path in [("POST", "/api/studies"), ("DELETE", f"/api/studies/{sid}"),
-                         ("POST", f"/api/studies/{sid}/rename"),
-                         ("PUT", f"/api/studies/{sid}/note"),
-                         ("POST", "/api/trials/1/tell"), ("POST", "/incompatible-rdb-schema")]:
-        r = client.request(method, path, headers=h, json={})
+    sid = studies[ALICE_STUDY]
+    for method, path in [("PUT", f"/api/studies/{sid}/note"),
+                         ("PUT", f"/api/studies/{sid}/{studies[f'{ALICE_STUDY}/trial']}/note")]:
+        r = client.request(method, path, headers=h, json={"version": 1, "body": "x"})
         assert r.status_code == 403, (method, path)
-        assert r.json()["error"]["code"] == "forbidden"
-    assert app.state.components.studies.storage.get_study_id_from_name("a") == sid
+        assert r.json()["error"] == {"code": "forbidden", "details": [], "message":
+                                     "the dashboard is read-only for non-admin tokens"}
 
 
-def test_admin_tokens_can_write_through_the_dashboard(client, tokens, studies):
-    r = client.put(f"/api/studies/{studies['a']}/note", headers=bearer(tokens["admin"]),
-                   json={"version": 1, "body": "a note"})
+def test_admin_tokens_can_write_notes_through_the_dashboard(client, tokens, studies):
+    h = bearer(tokens["admin"])
+    sid, tid = studies[ALICE_STUDY], studies[f"{ALICE_STUDY}/trial"]
+    r = client.put(f"/api/studies/{sid}/note", headers=h, json={"version": 1, "body": "a note"})
+    assert r.status_code == 204, r.text
+    r = client.put(f"/api/studies/{sid}/{tid}/note", headers=h,
+                   json={"version": 1, "body": "a trial note"})
     assert r.status_code == 204, r.text
 
 
-def test_a_token_sees_only_its_own_studies_in_the_dashboard(client, tokens, studies):
-    bob = bearer(tokens["bob"])
-    listed = client.get("/api/studies", headers=bob).json()["study_summaries"]
-    assert [s["study_name"] for s in listed] == ["b"]
-    for path in (f"/api/studies/{studies['a']}", f"/api/studies/{studies['a']}/param_importances",
-                 f"/csv/{studies['a']}"):
-        assert client.get(path, headers=bob).status_code == 404, path
-    assert client.get(f"/api/studies/{studies['b']}", headers=bob).status_code == 200
-    admin = client.get("/api/studies", headers=bearer(tokens["admin"])).json()
-    assert sorted(s["study_name"] for s in admin["study_summaries"]) == ["a", "b"]
+def test_the_dashboard_cannot_change_the_studies_or_trials_even_for_admins(client, tokens,
+                                                                           studies, app):
+    storage = app.state.components.studies.storage
+    sid, tid = studies[ALICE_STUDY], studies[f"{ALICE_STUDY}/trial"]
+    before = {s.study_name: s._study_id for s in storage.get_all_studies()}
+    admin = bearer(tokens["admin"])
+    for method, path, body in [
+            ("POST", "/api/studies", {"study_name": "made-here", "directions": ["minimize"]}),
+            ("POST", f"/api/studies/{sid}/rename", {"study_name": "renamed"}),
+            ("DELETE", f"/api/studies/{sid}", {}),
+            ("POST", f"/api/trials/{tid}/tell", {"state": "Fail"}),
+            ("POST", f"/api/trials/{tid}/user-attrs", {"user_attrs": {"k": 1}}),
+            ("POST", f"/api/studies/{sid}/preference", {"mode": "ChooseWorst", "clicked": 0}),
+            ("POST", f"/api/studies/{sid}/{tid}/skip", {}),
+            ("POST", f"/api/artifacts/{sid}", {})]:
+        r = client.request(method, path, headers=admin, json=body)
+        assert r.status_code == 403, (method, path, r.text)
+        assert r.json()["error"]["message"] == REFUSED and "/v1" in REFUSED
+    # a plain form POST, as another page could send it: never the schema upgrade
+    r = client.post("/incompatible-rdb-schema", headers=admin, data={"x": "1"},
+                    follow_redirects=False)
+    assert r.status_code == 403 and r.json()["error"]["message"] == REFUSED
+    assert {s.study_name: s._study_id for s in storage.get_all_studies()} == before
+    trial = storage.get_trial(tid)
+    assert (trial.state, trial.user_attrs.get("k")) == (optuna.trial.TrialState.COMPLETE, None)
+    view = client.get(f"/v1/studies/{ALICE_STUDY}", headers=admin).json()
+    assert (view["name"], view["counts"]["complete"]) == (ALICE_STUDY, 1)
+
+
+def test_open_reads_show_every_study_without_a_token(settings, tokens, studies):
+    with TestClient(create_app(dataclasses.replace(settings, open_reads=True))) as c:
+        names = [s["study_name"] for s in c.get("/api/studies/").json()["study_summaries"]]
+        assert sorted(names) == sorted([ALICE_STUDY, BOB_STUDY])
+        assert c.get(f"/api/studies/{studies[ALICE_STUDY]}").status_code == 200
+        assert c.put(f"/api/studies/{studies[ALICE_STUDY]}/note",
+                     json={"version": 1, "body": "x"}).status_code == 401
 
 
 def test_a_study_with_infinite_and_nan_values_renders_in_the_dashboard_api_and_rest(

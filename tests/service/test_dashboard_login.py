@@ -1,0 +1,161 @@
+"""The dashboard's login step and its defences against cross-site requests: a token becomes the
+session cookie only through the login form posted from the service's own pages, and the cookie
+authenticates no write from another origin (the issue's login CSRF and cookie CSRF)."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.auth import COOKIE_NAME
+from service.dashboard_login import cross_origin_refusal
+from tests.service.conftest import TestClient, bearer, tiny_spec
+
+OWN = "http://127.0.0.1:8000"  # Settings().url of the test app: HPO_HOST and HPO_PORT
+EVIL = "https://evil.example"
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+@pytest.fixture
+def browser(app):
+    """A client that keeps cookies and does not follow redirects."""
+    with TestClient(app, follow_redirects=False) as c:
+        yield c
+
+
+@pytest.fixture
+def study_id(client, tokens, app) -> int:
+    client.post("/v1/studies", json=tiny_spec("mine"), headers=bearer(tokens["alice"]))
+    return app.state.components.studies.storage.get_study_id_from_name("mine")
+
+
+def _note(storage, study_id: int) -> str | None:
+    attrs = storage.get_study_system_attrs(study_id)
+    return next((v for k, v in attrs.items() if "note" in k and isinstance(v, str)), None)
+
+
+def test_a_page_without_a_token_shows_the_login_form(browser, tokens):
+    page = browser.get("/dashboard/studies/3")
+    assert page.status_code == 401
+    assert "Token needed" in page.text and 'action="/dashboard/login"' in page.text
+    assert 'name="next" value="/dashboard/studies/3"' in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    api = browser.get("/api/studies")
+    assert api.status_code == 401 and api.json()["error"]["code"] == "not_authenticated"
+    assert browser.get("/dashboard/login").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/dashboard", "/api/studies", "/dashboard/login"])
+def test_a_token_in_the_address_is_ignored(browser, tokens, path):
+    r = browser.get(f"{path}?token={tokens['alice']}")
+    assert "set-cookie" not in r.headers
+    assert r.status_code == (200 if path == "/dashboard/login" else 401)
+    assert COOKIE_NAME not in browser.cookies
+
+
+@pytest.mark.parametrize("origin", [{"Origin": OWN}, {"Referer": f"{OWN}/dashboard/login"},
+                                    {"Origin": "http://localhost:8000"}])
+def test_the_login_form_exchanges_a_token_for_a_cookie(browser, tokens, study_id, origin):
+    r = browser.post("/dashboard/login", headers={**FORM, **origin},
+                     content=f"token={tokens['alice']}&next=/dashboard/studies/{study_id}")
+    assert r.status_code == 303, r.text
+    assert r.headers["location"] == f"/dashboard/studies/{study_id}"
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE_NAME}={tokens['alice']};")
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Max-Age" not in cookie
+    listed = browser.get("/api/studies").json()["study_summaries"]  # the cookie is enough
+    assert [s["study_id"] for s in listed] == [study_id]
+
+
+@pytest.mark.parametrize("origin", [{"Origin": EVIL}, {"Referer": f"{EVIL}/page"},
+                                    {"Origin": "null"}, {"Origin": "http://127.0.0.1:8001"},
+                                    {"Origin": EVIL, "Referer": f"{OWN}/dashboard"}, {}])
+def test_a_login_posted_from_another_site_is_refused(browser, tokens, origin):
+    # login CSRF: another page would plant its own token in the visitor's browser
+    r = browser.post("/dashboard/login", headers={**FORM, **origin},
+                     content=f"token={tokens['alice']}")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    assert "HPO_PUBLIC_URL" in r.json()["error"]["message"]
+    assert "set-cookie" not in r.headers
+
+
+def test_a_bad_login_shows_the_form_again_and_sets_no_cookie(browser):
+    r = browser.post("/dashboard/login", headers={**FORM, "Origin": OWN},
+                     content="token=hpo_wrong")
+    assert r.status_code == 401 and "Unknown token." in r.text
+    assert "set-cookie" not in r.headers
+    r = browser.post("/dashboard/login", headers={"Origin": OWN}, json={"token": "x"})
+    assert r.status_code == 415
+
+
+@pytest.mark.parametrize("next_path", ["https://evil.example/", "//evil.example/dashboard",
+                                       "/dashboard//evil.example", "/api/studies",
+                                       "/dashboard/\\evil"])
+def test_the_login_redirects_only_to_a_dashboard_page(browser, tokens, next_path):
+    r = browser.post("/dashboard/login", headers={**FORM, "Origin": OWN},
+                     data={"token": tokens["alice"], "next": next_path})
+    assert (r.status_code, r.headers["location"]) == (303, "/dashboard")
+
+
+def test_logout_clears_the_cookie(browser, tokens):
+    login = browser.post("/dashboard/login", headers={**FORM, "Origin": OWN},
+                         data={"token": tokens["alice"]})
+    assert login.status_code == 303 and browser.get("/api/studies").status_code == 200
+    assert browser.post("/dashboard/logout", headers={"Origin": EVIL}).status_code == 403
+    r = browser.post("/dashboard/logout", headers={"Origin": OWN})
+    assert r.status_code == 303 and r.headers["location"] == "/dashboard/login"
+    assert f'{COOKIE_NAME}="";' in r.headers["set-cookie"]
+    assert browser.get("/api/studies").status_code == 401
+
+
+def test_a_cookie_write_from_another_origin_is_refused(browser, tokens, study_id, app):
+    storage = app.state.components.studies.storage
+    browser.cookies.set(COOKIE_NAME, tokens["admin"])
+    note = {"version": 1, "body": "planted"}
+    for origin in ({"Origin": EVIL}, {"Referer": f"{EVIL}/x"}, {}):
+        r = browser.put(f"/api/studies/{study_id}/note", headers=origin, json=note)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", origin
+    assert _note(storage, study_id) is None
+
+
+@pytest.mark.parametrize("origin", [{"Origin": OWN}, {"Referer": f"{OWN}/dashboard/studies/1"}])
+def test_a_cookie_write_from_the_services_own_pages_is_allowed(browser, tokens, study_id, app,
+                                                               origin):
+    browser.cookies.set(COOKIE_NAME, tokens["admin"])
+    r = browser.put(f"/api/studies/{study_id}/note", headers=origin,
+                    json={"version": 1, "body": "a note"})
+    assert r.status_code == 204, r.text
+    assert _note(app.state.components.studies.storage, study_id) == "a note"
+
+
+@pytest.mark.parametrize("origin", [{}, {"Origin": EVIL}])
+def test_a_bearer_write_needs_no_origin(client, tokens, study_id, origin):
+    r = client.put(f"/api/studies/{study_id}/note", json={"version": 1, "body": "by bearer"},
+                   headers={**bearer(tokens["admin"]), **origin})
+    assert r.status_code == 204, r.text
+    created = client.post("/v1/studies", json=tiny_spec("by-bearer"),
+                          headers={**bearer(tokens["alice"]), **origin})
+    assert created.status_code == 201, created.text
+
+
+def test_the_rest_api_does_not_read_the_dashboard_cookie(browser, tokens):
+    browser.cookies.set(COOKIE_NAME, tokens["admin"])
+    for method, path in [("GET", "/v1/studies"), ("POST", "/v1/studies")]:
+        r = browser.request(method, path, headers={"Origin": OWN}, json=tiny_spec("x"))
+        assert r.status_code == 401, (method, path)
+
+
+@pytest.mark.parametrize(("own", "source", "allowed"), [
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000", True),
+    ("http://127.0.0.1:8000", "http://LOCALHOST:8000/dashboard", True),
+    ("http://127.0.0.1:8000", "http://[::1]:8000", True),
+    ("http://127.0.0.1:8000", "https://127.0.0.1:8000", False),
+    ("http://127.0.0.1:8000", "http://127.0.0.1", False),
+    ("https://hpo.example.org", "https://hpo.example.org:443/x", True),
+    ("https://hpo.example.org", "https://hpo.example.org.evil.example", False),
+    ("https://hpo.example.org", "http://hpo.example.org", False),
+    ("https://hpo.example.org", "https://localhost", False),
+    ("https://hpo.example.org", "https://hpo.example.org:bad", False),
+    ("http://host:bad", "http://host:bad", False),
+])
+def test_the_same_origin_check(own, source, allowed):
+    assert (cross_origin_refusal({"origin": source}, own) is None) is allowed
