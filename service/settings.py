@@ -24,7 +24,9 @@ variable                      default                    meaning
 ``HPO_HEARTBEAT_S``           ``2``                      seconds between a driver's heartbeats
 ``HPO_HEARTBEAT_TIMEOUT_S``   ``30``                     silent this long: the study is taken over
 ``HPO_NUM_CPUS``              unset (all)                CPUs of the local Ray of ``hpo serve``
-``HPO_PUBLIC_URL``            ``http://HOST:PORT``       the address printed for people
+``HPO_PUBLIC_URL``            ``http://HOST:PORT``       the address people open: printed in
+                                                         links; the one origin of dashboard
+                                                         logins and cookie writes
 ``HPO_WARM_DRIVER``           ``true``                   keep one driver process imported and ready
 ============================  =========================  ==========================================
 """
@@ -69,7 +71,8 @@ class Settings:
 
     @property
     def url(self) -> str:
-        """Where people reach this service (``HPO_PUBLIC_URL``, else ``http://host:port``)."""
+        """Where people reach this service (``HPO_PUBLIC_URL``, else ``http://host:port``):
+        the only origin the dashboard takes cookie logins and writes from."""
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     @classmethod
