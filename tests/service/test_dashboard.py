@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import socket
 
 import optuna
 import optuna_dashboard
@@ -122,6 +123,35 @@ def test_the_study_list_is_filtered_in_every_path_form_and_method(client, tokens
         assert r.content == (b"" if verb == "HEAD" else only_bob.content), url
     admin = client.request(verb, "/api/studies/", headers=bearer(tokens["admin"]))
     assert int(admin.headers["content-length"]) > len(only_bob.content)
+
+
+def _raw_request(base_url: str, method: str, target: str, token: str) -> tuple[int, int, bytes]:
+    """Status, content-length and body of ``method target`` sent as written on a socket."""
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+                     f"{token}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    return int(head.split()[1]), int(headers[b"content-length"]), body
+
+
+def test_the_study_list_is_filtered_over_a_real_connection(client, live_server, tokens,
+                                                           studies):
+    # the forms as a client writes them on the wire, decoded by uvicorn itself
+    only_bob = client.get("/api/studies", headers=bearer(tokens["bob"])).content
+    for target in ("/api/studies/", "//api/studies", "/api//studies/?after=0", "/api/studies%2F",
+                   "/%61pi/studies"):
+        for method in ("GET", "HEAD"):
+            status, length, body = _raw_request(live_server, method, target, tokens["bob"])
+            assert (status, length) == (200, len(only_bob)), (method, target)
+            assert body == (b"" if method == "HEAD" else only_bob), (method, target)
+    for target in (f"/api/studies/%3{studies[ALICE_STUDY]}", f"//csv/{studies[ALICE_STUDY]}/"):
+        status, _, body = _raw_request(live_server, "GET", target, tokens["bob"])
+        assert status == 404 and ALICE_STUDY.encode() not in body, target
 
 
 def test_the_owner_and_admins_reach_every_read_route_of_a_study(client, tokens, studies, app):
