@@ -47,7 +47,7 @@ _URL = re.compile(r"\b([A-Za-z][\w+.-]*)://\S*")
 _PATH = re.compile(r"(?<![\w.:/~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*")
 
 
-def public_message(text: str, *, from_end: bool = False, limit: int = 300) -> str:
+def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> str:
     """One line about an error, fit for an API answer: no traceback, no file path, no URL.
 
     Takes the exception line of a Python traceback (its last ``Type: message``

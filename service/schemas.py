@@ -18,6 +18,7 @@ from typing import Annotated, Any, Generic, TypeVar
 from optuna.trial import FrozenTrial
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from hpo.errors import public_message
 from service.studies import StudyView
 
 T = TypeVar("T")
@@ -74,6 +75,18 @@ class Progress(_Out):
     fraction: float = Field(description="finished / n_trials, in [0, 1]")
 
 
+HIDDEN_TRIAL_ATTRS = {"checkpoint"}  # a server path, for the driver that resumes the trial
+
+
+def public_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """A trial's user attributes fit for an answer: no server path, no traceback (issue 11;
+    trials recorded before errors were kept as one line still hold a traceback)."""
+    out = {k: v for k, v in attrs.items() if k not in HIDDEN_TRIAL_ATTRS}
+    if isinstance(out.get("fail_reason"), str):
+        out["fail_reason"] = public_message(out["fail_reason"])
+    return out
+
+
 class TrialOut(_Out):
     number: int
     state: str = Field(description="RUNNING, COMPLETE, PRUNED, FAIL or WAITING")
@@ -92,7 +105,7 @@ class TrialOut(_Out):
         duration = trial.duration.total_seconds() if trial.duration is not None else None
         return cls(number=trial.number, state=trial.state.name,
                    value=trial.values[0] if trial.values else None, values=trial.values,
-                   params=trial.params, user_attrs=trial.user_attrs,
+                   params=trial.params, user_attrs=public_attrs(trial.user_attrs),
                    datetime_start=trial.datetime_start, datetime_complete=trial.datetime_complete,
                    duration_s=duration,
                    intermediate_values=dict(trial.intermediate_values) if intermediate else None)
@@ -123,7 +136,8 @@ class StudySummary(_Out):
             progress=Progress(finished=c.budget_used, n_trials=row.n_trials,
                               fraction=min(1.0, c.budget_used / row.n_trials)),
             stop_requested=row.stop_requested, created_at=row.created_at,
-            started_at=row.started_at, ended_at=row.ended_at, error=row.error)
+            started_at=row.started_at, ended_at=row.ended_at,
+            error=public_message(row.error) if row.error else None)
 
     @classmethod
     def of(cls, v: StudyView) -> StudySummary:

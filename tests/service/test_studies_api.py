@@ -274,6 +274,31 @@ def _set_status(app, name: str, status: Status) -> None:
         session.execute(sa.update(StudyRow).where(StudyRow.name == name).values(status=status))
 
 
+def test_answers_carry_no_traceback_nor_server_path_even_from_older_records(client, tokens, app):
+    """Rows and trials written before errors were kept as one line (issue 11): the study's
+    ``error`` and a trial's ``fail_reason`` are answered as their exception's line, and a
+    trial's ``checkpoint`` directory (for the driver) is not answered at all."""
+    traceback = ('Traceback (most recent call last):\n  File "/srv/hpo/hpo/tune/driver.py", '
+                 'line 9, in run\n    log()\nOverflowError: too large for /srv/hpo/runs/x\n')
+    h = bearer(tokens["alice"])
+    client.post("/v1/studies", json=tiny_spec("old"), headers=h)
+    with app.state.components.sessions.begin() as session:
+        session.execute(sa.update(StudyRow).where(StudyRow.name == "old").values(
+            status=Status.FAILED, error=traceback))
+    study = optuna.load_study(study_name="old", storage=app.state.components.studies.storage)
+    trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
+    trial.set_user_attr("fail_reason", traceback)
+    trial.set_user_attr("checkpoint", "/srv/hpo/runs/old/trial_0/checkpoint_000002")
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    line = "OverflowError: too large for <path>"
+    assert client.get("/v1/studies/old", headers=h).json()["error"] == line
+    listed = client.get("/v1/studies", headers=h).json()["items"]
+    assert [s["error"] for s in listed if s["name"] == "old"] == [line]
+    for answer in (client.get("/v1/studies/old/trials", headers=h).json()["items"][0],
+                   client.get("/v1/studies/old/trials/0", headers=h).json()):
+        assert answer["user_attrs"] == {"fail_reason": line}
+
+
 def test_delete_refuses_a_running_study_and_removes_an_ended_one_with_its_trials(
         client, tokens, app, settings):
     h = bearer(tokens["alice"])
