@@ -7,6 +7,7 @@ import functools
 from fastapi import APIRouter
 
 import trainers
+from hpo.errors import public_message
 from service.api_errors import documented
 from service.deps import Reader
 from service.schemas import FieldOut, TaskOut, TasksOut
@@ -23,7 +24,8 @@ def _task(name: str) -> TaskOut:
     try:
         cls = trainers.get_task(name)
     except (ImportError, TypeError, AttributeError) as e:  # a broken installed entry point
-        return TaskOut(name=name, objective=None, metrics={}, options=[], error=str(e))
+        return TaskOut(name=name, objective=None, metrics={}, options=[],
+                       error=public_message(f"{type(e).__name__}: {e}"))  # no module paths
     return TaskOut(name=name, objective=cls.objective, metrics=dict(cls.metrics),
                    options=_fields(cls.fields()))
 

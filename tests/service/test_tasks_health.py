@@ -23,6 +23,23 @@ def test_tasks_lists_every_registered_task_with_metrics_and_options(client, toke
     assert fields["precision"]["kind"] == "choice" and "bf16" in fields["precision"]["choices"]
 
 
+def test_a_broken_task_is_listed_with_one_line_and_no_server_path(client, tokens, monkeypatch):
+    from service.routers import tasks
+
+    def broken(name):
+        raise ImportError("cannot import name 'Net' from 'mytask' "
+                          "(/opt/hpo/.venv/lib/python3.11/site-packages/mytask/__init__.py)")
+
+    monkeypatch.setattr(tasks.trainers, "get_task", broken)
+    tasks.describe_tasks.cache_clear()
+    try:
+        body = client.get("/v1/tasks", headers=bearer(tokens["bob"])).json()
+    finally:
+        tasks.describe_tasks.cache_clear()
+    assert {t["error"] for t in body["tasks"]} == {
+        "ImportError: cannot import name 'Net' from 'mytask' (<path>)"}
+
+
 def test_healthz_answers_without_a_token(client):
     assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
 
