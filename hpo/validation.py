@@ -29,7 +29,9 @@ MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
                   "checkpoint_fsync": "set per trial by the service",
                   "device": "follows resources.gpus"}
 SINGLE_OBJECTIVE_SAMPLERS = {"cmaes", "gp"}
-WIDE_INT_OPTIONS = {"seed": 2**32 - 1}  # int options whose own range goes past MAX_COUNT
+# int options bounded otherwise than by MAX_COUNT: TrainConfig's seed range, and the
+# DataLoader processes each trial starts
+INT_OPTION_LIMITS = {"seed": 2**32 - 1, "num_workers": 256}
 MAX_GRID_SIZE = 1_000_000  # points of the grid sampler's full grid (it builds them all)
 
 
@@ -91,14 +93,15 @@ def out_of_range(info: trainers.FieldInfo, value: Any) -> str | None:
 
     Every ``int`` option is a count, a size or a seed: at most
     :data:`~hpo.algorithms.MAX_COUNT` in absolute value (``seed``: TrainConfig's
-    own ``2**32 - 1``), so that the run's products of counts stay within int64;
+    own ``2**32 - 1``; ``num_workers``: 256 processes), so that the run's
+    products of counts stay within int64;
     a ``float`` option takes what a float64 holds. Ranges of the option itself
     (``>= 1``, ...) are the task's to check.
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if info.kind == "int":
-        limit = WIDE_INT_OPTIONS.get(info.name, MAX_COUNT)
+        limit = INT_OPTION_LIMITS.get(info.name, MAX_COUNT)
         if abs(value) > limit:
             return f"must be at most {limit} in absolute value, got {_number(value)}"
     elif info.kind == "float" and isinstance(value, int) and abs(value) > sys.float_info.max:

@@ -198,6 +198,7 @@ _COUNTS = {
     "config.eval_interval": {"config": {"eval_interval": 2**31}},
     "config.seed": {"config": {"seed": 2**32}},
     "config.split_seed": {"config": {"split_seed": 2**31}},  # a task's option
+    "config.num_workers": {"config": {"num_workers": 257}},  # processes per trial
     "config.lr": {"config": {"lr": HUGE}},  # a float option given an int beyond float64
     "search_space.width.high": {"search_space": {"width": {"type": "int", "low": 8,
                                                            "high": 2**40}}},
