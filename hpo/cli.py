@@ -2,6 +2,7 @@
 
     hpo run SPEC [--storage URL] [--ray-address ADDR] [--results-dir DIR] [--num-cpus N]
     hpo worker --address HEAD:PORT [--num-gpus N] [--num-cpus N] [--resources JSON]
+    hpo task new NAME DIR | hpo task check TARGET   (see ``hpo.task_cli``)
 
 Installed packages add commands through the entry-point group ``hpo.cli``;
 the service adds ``serve``, ``token create``, ``submit``, ``status``,
@@ -29,6 +30,7 @@ from rich.console import Console
 
 from hpo.errors import HpoError, SpecError
 from hpo.storage import DEFAULT_STORAGE_URL
+from hpo.task_cli import task_app
 
 app = typer.Typer(help="Hyperparameter optimization of PyTorch training: Optuna studies on "
                        "Ray Tune.", no_args_is_help=True, add_completion=False)
@@ -129,6 +131,7 @@ def _add_installed_commands() -> None:
 
 
 _add_installed_commands()
+app.add_typer(task_app, name="task")
 
 
 @app.command()

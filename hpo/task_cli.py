@@ -1,0 +1,64 @@
+"""``hpo task new NAME DIR`` and ``hpo task check TARGET`` (issue 12, points 1-2).
+
+    hpo task new NAME DIR     scaffold an installable task package (hpo.scaffold)
+    hpo task check TARGET     hold a task to the task contract (trainers.contract)
+
+Exit status: 0 done (every rule passed); 1 a rule failed or was skipped; 2 a
+bad argument (the message names it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+task_app = typer.Typer(help="Bring your own task: scaffold a task package, check a task.",
+                       no_args_is_help=True)
+err = Console(stderr=True)
+out = Console(soft_wrap=True, highlight=False)
+
+
+@task_app.command("new")
+def new(
+    name: Annotated[str, typer.Argument(
+        metavar="NAME", help="task name: a-z, 0-9, _ and -, starting with a letter")],
+    directory: Annotated[Path, typer.Argument(
+        metavar="DIR", help="where to write the package (new or empty)")],
+) -> None:
+    """Scaffold an installable task package: pyproject.toml with the hpo.trainers entry
+    point, a task module with every part to replace marked '# REPLACE:', a test, a README."""
+    import trainers
+    from hpo.scaffold import ScaffoldError, scaffold
+
+    try:
+        written = scaffold(name, directory, trainers.list_tasks())
+    except ScaffoldError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+    for path in written:
+        out.print(f"wrote {path}", markup=False)
+    out.print(f"next: pip install {directory} && hpo task check {name}", markup=False)
+
+
+@task_app.command("check")
+def check(
+    target: Annotated[str, typer.Argument(
+        metavar="TARGET", help="an installed task's name, or module:Class importable from "
+                               "the current directory")],
+) -> None:
+    """Hold a task to the task contract on the CPU: one line per rule (PASS, FAIL naming the
+    method and the fix, or SKIP when a rule it needs failed); exit 1 on any failure."""
+    from trainers.contract import check_target
+
+    results = []
+    for result in check_target(target):
+        results.append(result)
+        out.print(result.line(), markup=False)
+    n_failed = sum(not r.ok for r in results)
+    if n_failed:
+        out.print(f"{n_failed} of {len(results)} rules did not pass", markup=False)
+        raise typer.Exit(1)
+    out.print(f"all {len(results)} rules passed", markup=False)

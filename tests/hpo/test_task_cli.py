@@ -1,0 +1,190 @@
+"""``hpo task new`` and ``hpo task check`` (issue 12, points 1 and 2)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import trainers
+from hpo.cli import app
+from trainers.contract import RULES
+
+REPO = Path(__file__).resolve().parents[2]
+BROKEN = "tests.trainers.broken_tasks"
+
+runner = CliRunner()
+
+
+def check(target: str):
+    result = runner.invoke(app, ["task", "check", target])
+    lines = result.output.splitlines()
+    statuses = {line.split()[1].rstrip(":"): line.split()[0] for line in lines[:len(RULES)]}
+    return result, lines, statuses
+
+
+def not_passed(statuses: dict[str, str]) -> dict[str, str]:
+    return {rule: s for rule, s in statuses.items() if s != "PASS"}
+
+
+# -- the check on tasks that each break one rule ----------------------------------------------
+
+CASES = {  # class: (rules that do not pass, the FAIL line's start)
+    "MeanLossTask": ({"loss-sum": "FAIL", "accumulation": "SKIP"},
+                     "FAIL loss-sum [Task.loss_sum]: loss_sum returns a mean"),
+    "MissingMetricTask": ({"metrics": "FAIL"},
+                          "FAIL metrics [Task.eval_sums / Task.eval_metrics]: the task declares "
+                          "['val_loss', 'val_r2'] but eval_metrics returns ['val_loss']"),
+    "NondeterministicTask": ({"determinism": "FAIL", "resume": "SKIP", "accumulation": "SKIP"},
+                             "FAIL determinism [Task.datasets / Task.build_model / "
+                             "Task.loss_sum]: two runs with seed 0 differ at update 1"),
+    "NonResumableTask": ({"resume": "FAIL"},
+                         "FAIL resume [Task.build_model]: resumed from the checkpoint of "
+                         "update 2, update 4 differs"),
+    "MutableShapeTask": ({"mutable-options": "FAIL"},
+                         "FAIL mutable-options [Task.mutable_options]: hidden=9 changes the "
+                         "shapes of ['0.bias', '0.weight', '3.weight']"),
+    "UnpicklableTask": ({"pickle": "FAIL"},
+                        "FAIL pickle [Task.__init__ / Options]: the task cannot be pickled "
+                        "(TypeError: cannot pickle '_thread.lock' object)"),
+    "BuildRaisesTask": ({"build": "FAIL", **{r: "SKIP" for r in RULES[3:]}},
+                        "FAIL build [Task.datasets / Task.build_model]: raised RuntimeError: "
+                        "no such layer: Linear3000"),
+    "WrongBoundTask": ({"bounds": "FAIL"},
+                       "FAIL bounds [Options]: option width documents 64 as valid"),
+}
+
+
+@pytest.mark.parametrize("cls", sorted(CASES))
+def test_check_names_the_broken_rule_and_exits_1(cls):
+    result, lines, statuses = check(f"{BROKEN}:{cls}")
+    expected, fail_line = CASES[cls]
+    assert result.exit_code == 1, result.output
+    assert list(statuses) == list(RULES)
+    assert not_passed(statuses) == expected
+    assert [line for line in lines if line.startswith("FAIL")][0].startswith(fail_line)
+    assert lines[-1] == f"{len(expected)} of {len(RULES)} rules did not pass"
+
+
+def test_a_mean_loss_is_refused_saying_why_a_sum_and_how_to_write_one():
+    _, lines, _ = check(f"{BROKEN}:MeanLossTask")
+    line = next(line for line in lines if line.startswith("FAIL loss-sum"))
+    assert "divides each micro-batch's loss_sum by the number of items" in line
+    assert "of the whole accumulation group" in line
+    assert 'reduction="sum"' in line and "mask of real tokens" in line
+
+
+@pytest.mark.parametrize("target", ["tests.trainers.toy_tasks:RegressionTask",
+                                    "tests.trainers.toy_tasks:TokenTask"])
+def test_check_passes_tasks_that_keep_the_contract(target):
+    result, lines, statuses = check(target)
+    assert result.exit_code == 0, result.output
+    assert statuses == {rule: "PASS" for rule in RULES}
+    assert lines[-1] == f"all {len(RULES)} rules passed"
+
+
+@pytest.mark.parametrize("target, why", [
+    ("no-such-task", "unknown task 'no-such-task'"),
+    ("no_such_module_12:Task", "cannot import 'no_such_module_12:Task': ModuleNotFoundError"),
+    ("tests.trainers.toy_tasks:flat_params", "is not a trainers.Task subclass"),
+])
+def test_a_target_that_names_no_task_fails_the_import_rule(target, why):
+    result, lines, statuses = check(target)
+    assert result.exit_code == 1
+    assert statuses == {"import": "FAIL", **{r: "SKIP" for r in RULES[1:]}}
+    assert lines[0].startswith("FAIL import [entry point / module]: ") and why in lines[0]
+
+
+# -- the scaffold -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, why", [
+    ("My Task", "must be 1-40 characters of a-z, 0-9, _ and -"),
+    ("9lives", "starting with a letter"),
+    ("class", "is a Python keyword"),
+    ("digits", "a task named 'digits' is already registered"),
+    ("json", "a module named 'json' is already importable here"),
+])
+def test_new_refuses_a_bad_name_naming_the_argument(tmp_path, name, why):
+    result = runner.invoke(app, ["task", "new", name, str(tmp_path / "pkg")])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: NAME: ")
+    assert why in " ".join(result.output.split())
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_new_refuses_a_non_empty_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["task", "new", "fresh-task", str(tmp_path)])
+    assert result.exit_code == 2
+    assert " ".join(result.output.split()) == \
+        f"error: DIR: {tmp_path} is not empty; give a new or empty directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def install_scaffold(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """Scaffold task ``name`` into tmp_path/pkg and ``pip install`` it into tmp_path/site
+    (no dependencies, no index: the venv already has torch); return both directories."""
+    package, site = tmp_path / "pkg", tmp_path / "site"
+    result = runner.invoke(app, ["task", "new", name, str(package)])
+    assert result.exit_code == 0, result.output
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--no-build-isolation", "--target", str(site), str(package)],
+                   check=True, capture_output=True)
+    return package, site
+
+
+@pytest.fixture
+def forget_module(monkeypatch):
+    """Drop the scaffolded package's modules after the test."""
+    names: list[str] = []
+    yield names.append
+    for module in list(sys.modules):
+        if module.split(".")[0] in names:
+            del sys.modules[module]
+    importlib.invalidate_caches()
+
+
+def test_the_scaffold_installs_and_passes_the_check_and_its_own_test_unchanged(
+        tmp_path, monkeypatch, forget_module):
+    package, site = install_scaffold(tmp_path, "my-task")
+    forget_module("my_task")
+    files = sorted(str(p.relative_to(package)) for p in package.rglob("*")
+                   if p.is_file() and "build" not in p.parts and ".egg-info" not in str(p))
+    assert files == ["README.md", "my_task/__init__.py", "my_task/task.py", "pyproject.toml",
+                     "tests/test_task.py"]
+    source = (package / "my_task" / "task.py").read_text()
+    assert source.count("# REPLACE:") >= 6 and 'reduction="sum"' in source
+    assert '[project.entry-points."hpo.trainers"]\nmy-task = "my_task.task:MyTaskTask"' in \
+        (package / "pyproject.toml").read_text()
+
+    monkeypatch.syspath_prepend(str(site))
+    assert "my-task" in trainers.list_tasks()
+    result, _, statuses = check("my-task")
+    assert result.exit_code == 0, result.output
+    assert statuses == {rule: "PASS" for rule in RULES}
+    assert statuses and "PASS bounds (10 bound(s))" in result.output
+
+    # its own test: a few updates of training, and the contract
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests"], cwd=package, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 passed" in run.stdout
+
+
+def test_check_finds_module_colon_class_in_the_current_directory(
+        tmp_path, monkeypatch, forget_module):
+    package = tmp_path / "pkg"
+    assert runner.invoke(app, ["task", "new", "here-task", str(package)]).exit_code == 0
+    forget_module("here_task")
+    monkeypatch.chdir(package)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(package))])
+    result, _, statuses = check("here_task.task:HereTaskTask")
+    assert result.exit_code == 0, result.output
+    assert statuses == {rule: "PASS" for rule in RULES}

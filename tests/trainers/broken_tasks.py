@@ -1,0 +1,91 @@
+"""Tasks that each break one rule of the task contract (``trainers.contract``).
+
+Each is the toy regression task (which keeps every rule) with one fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import torch
+from torch import nn
+
+from tests.trainers.toy_tasks import IndexedDataset, RegressionOptions, RegressionTask
+from trainers.fields import option, require
+
+
+class MeanLossTask(RegressionTask):
+    """``loss_sum`` returns the mean over the micro-batch: the most common mistake."""
+
+    def loss_sum(self, model, batch) -> torch.Tensor:
+        _, x, y = batch
+        return ((model(x).squeeze(-1) - y) ** 2).mean()
+
+
+class MissingMetricTask(RegressionTask):
+    """Declares ``val_r2`` but ``eval_metrics`` never returns it."""
+
+    metrics = {"val_loss": "minimize", "val_r2": "maximize"}
+
+
+class NondeterministicTask(RegressionTask):
+    """Draws its data from the operating system's entropy, not from the seed."""
+
+    def datasets(self, seed: int):
+        g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+        x = torch.randn(96, 4, generator=g)
+        y = torch.randn(96, generator=g)
+        return IndexedDataset(x[:64], y[:64]), IndexedDataset(x[64:], y[64:])
+
+
+class _CountingModel(nn.Module):
+    """Scales its output by the number of training forward passes, kept in a plain attribute
+    (not a buffer): a checkpoint does not hold it."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.n_forward = 0
+
+    def forward(self, x):
+        if self.training:
+            self.n_forward += 1
+        return self.inner(x) * (1.0 + 0.1 * self.n_forward)
+
+
+class NonResumableTask(RegressionTask):
+    def build_model(self, config):
+        return _CountingModel(super().build_model(config))
+
+
+class MutableShapeTask(RegressionTask):
+    """Declares ``hidden`` mutable, though it sets the width of two layers."""
+
+    mutable_options = frozenset({"hidden"})
+
+
+class UnpicklableTask(RegressionTask):
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.lock = threading.Lock()
+
+
+class BuildRaisesTask(RegressionTask):
+    def build_model(self, config):
+        raise RuntimeError("no such layer: Linear3000")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WrongBoundOptions(RegressionOptions):
+    width: int = option(8, "hidden units (1..64)")
+
+    def __post_init__(self) -> None:
+        require(1 <= self.width <= 32, "width", f"must be in 1..32, got {self.width}")
+
+
+class WrongBoundTask(RegressionTask):
+    """Documents ``width`` up to 64 but refuses more than 32."""
+
+    Options = WrongBoundOptions

@@ -1,0 +1,94 @@
+"""What every rule shares: its result, the fix texts, configs and small builders."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from trainers.config import TrainConfig
+from trainers.tasks.base import Task
+
+RULES = ("import", "pickle", "build", "bounds", "metrics", "loss-sum", "mutable-options",
+         "determinism", "resume", "accumulation")
+ACCUMULATION_TOLERANCE = 1e-6  # on the gradient, relative to max(1, its largest entry)
+Status = Literal["PASS", "FAIL", "SKIP"]
+
+WHY_SUM = (
+    "the loop divides each micro-batch's loss_sum by the number of items (samples, or real "
+    "tokens) of the whole accumulation group, so that K micro-batches give exactly the "
+    "gradient of one batch K times larger; a mean is divided twice and weights each "
+    "micro-batch by 1/its size instead of by its share of the items. Return a sum: "
+    'F.cross_entropy(logits, y, reduction="sum"); for token losses, per-token losses '
+    '(reduction="none") times the mask of real tokens, summed, with n_items counting '
+    "the real tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleResult:
+    """The outcome of one rule.
+
+    Attributes:
+        rule: one of :data:`RULES`.
+        status: ``PASS``, ``FAIL`` or ``SKIP`` (a rule it needs failed).
+        method: the ``Task`` member concerned (``Task.loss_sum``), empty on PASS.
+        detail: what was found and how to fix it; empty on PASS.
+    """
+
+    rule: str
+    status: Status
+    method: str = ""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "PASS"
+
+    def line(self) -> str:
+        """One line: ``PASS loss-sum`` or ``FAIL loss-sum [Task.loss_sum]: ...``."""
+        head = f"{self.status} {self.rule}"
+        if self.status == "PASS":
+            return head + (f" ({self.detail})" if self.detail else "")
+        where = f" [{self.method}]" if self.method else ""
+        return f"{head}{where}: {self.detail}"
+
+
+_METHODS = {"pickle": "Task.__init__ / Options", "build": "Task.datasets / Task.build_model",
+            "bounds": "Options", "metrics": "Task.eval_sums / Task.eval_metrics",
+            "loss-sum": "Task.loss_sum", "mutable-options": "Task.mutable_options",
+            "determinism": "Task.datasets / Task.build_model / Task.loss_sum",
+            "resume": "Task.build_model", "accumulation": "Task.loss_sum / Task.n_items"}
+
+
+def _exc(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _pass(rule: str, detail: str = "") -> RuleResult:
+    return RuleResult(rule, "PASS", detail=detail)
+
+
+def _fail(rule: str, detail: str) -> RuleResult:
+    return RuleResult(rule, "FAIL", _METHODS[rule], detail)
+
+
+def _config(task: Task | type[Task], **changes: Any) -> TrainConfig:
+    """The task's default config on the CPU in fp32, without EMA, early stopping or
+    checkpoints, with ``changes`` on top."""
+    values = {**task.default_config, "device": "cpu", "precision": "fp32", "compile": False,
+              "activation_checkpointing": False, "num_workers": 0, "max_epochs": None,
+              "ema_decay": None, "early_stopping_patience": None,
+              "early_stopping_metric": None, "checkpoint_dir": None, "seed": 0}
+    values["micro_batch_size"] = min(values.get("micro_batch_size", 32), 16)
+    return TrainConfig(**{**values, **changes})
+
+
+def _batch(task: Task, dataset, start: int, n: int) -> Any:
+    return task.collate([dataset[i] for i in range(start, start + n)])
+
+
+def _meta_model(task: Task) -> nn.Module:
+    with torch.device("meta"):
+        return task.build_model(_config(task, max_updates=1))
