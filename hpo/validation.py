@@ -7,12 +7,13 @@ first trial.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
 import trainers
 from hpo.algorithms import MAX_COUNT
-from hpo.errors import SpecError
+from hpo.errors import SpecError, public_message
 from hpo.space import grid_size
 from hpo.spec import (
     POPULATION_SCHEDULERS,
@@ -23,6 +24,7 @@ from hpo.spec import (
     StudySpec,
     WarmStartStudy,
 )
+from trainers.contract import creation_violations
 
 # Set per trial by the service; a spec may not fix or search them.
 MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
@@ -47,9 +49,13 @@ def check_against_task(spec: StudySpec) -> StudySpec:
         task_cls = trainers.get_task(spec.task)
     except trainers.UnknownTaskError as e:
         raise SpecError.at("task", str(e)) from None
+    except Exception as e:  # noqa: BLE001 - an installed task's package may raise anything
+        raise SpecError.at("task", _contract_msg(spec.task, "import", _exc(e))) from None
     errors: list[dict[str, str]] = []
     fields = _task_fields(task_cls)
     errors += _check_config(spec, fields)
+    if not errors:
+        errors += _check_contract(spec, task_cls)
     if not errors:  # values of the search space are checked on top of a valid config
         errors += _check_search_space(spec, fields)
     objectives, objective_errors = _check_objectives(spec, task_cls)
@@ -67,7 +73,7 @@ def path_fields(spec: StudySpec) -> list[str]:
     (``config.corpus``, ``search_space.cache_dir``, ...): a service lets only admins."""
     try:
         fields = _task_fields(trainers.get_task(spec.task))
-    except trainers.UnknownTaskError:
+    except Exception:  # noqa: BLE001 - unknown or broken: check_against_task says which
         return []
     paths = {name for name, info in fields.items() if info.path}
     locs = [f"config.{name}" for name in spec.config if name in paths]
@@ -78,6 +84,34 @@ def path_fields(spec: StudySpec) -> list[str]:
 def _task_fields(task_cls: type[trainers.Task]) -> dict[str, trainers.FieldInfo]:
     infos = trainers.describe(trainers.TrainConfig) + task_cls.fields()
     return {info.name: info for info in infos}
+
+
+def _exc(e: BaseException) -> str:
+    return public_message(f"{type(e).__name__}: {e}")
+
+
+def _contract_msg(task: str, rule: str, detail: str) -> str:
+    return (f"task {task!r} breaks the task contract, rule {rule!r}: {public_message(detail)} "
+            f"(`hpo task check {task}` runs every rule)")
+
+
+@functools.lru_cache(maxsize=256)
+def _creation_violations(task_cls: type[trainers.Task], options: Any,
+                         config: trainers.TrainConfig) -> tuple:
+    return tuple(creation_violations(task_cls(options), config))
+
+
+def _check_contract(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict]:
+    """The cheap part of the task contract (issue 12): the task builds and reports the
+    metrics it declares. Built-in tasks are held to it by this project's own tests."""
+    if task_cls.__module__.startswith("trainers."):
+        return []
+    task, config = trainers.create(spec.task, spec.config)
+    try:
+        found = _creation_violations(task_cls, task.options, config)
+    except TypeError:  # options that cannot be hashed: not cached
+        found = creation_violations(task, config)
+    return [{"loc": "task", "msg": _contract_msg(spec.task, r.rule, r.detail)} for r in found]
 
 
 def _try_create(spec: StudySpec, params: dict[str, Any]) -> trainers.ConfigError | None:

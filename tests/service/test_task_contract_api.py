@@ -1,0 +1,84 @@
+"""Installed tasks seen by the service: listed by ``GET /v1/tasks`` once installed, refused at
+study creation when they break the cheap part of the task contract (issue 12, points 1, 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+import trainers
+from service.routers import tasks
+from tests.hpo.test_task_cli import forget_module, install_scaffold  # noqa: F401 - a fixture
+from tests.service.conftest import bearer
+from tests.service.test_studies_api import _stored
+
+ENTRY_POINTS = {
+    "broken-import": "no_such_module_12.tasks:Task",
+    "broken-metric": "tests.trainers.broken_tasks:MissingMetricTask",
+    "broken-build": "tests.trainers.broken_tasks:BuildRaisesTask",
+    "mean-loss": "tests.trainers.broken_tasks:MeanLossTask",
+}
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """The tasks of ENTRY_POINTS registered as an installed package would register them."""
+    dist_info = tmp_path / "user_tasks-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: user-tasks\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[hpo.trainers]\n" + "".join(f"{k} = {v}\n" for k, v in ENTRY_POINTS.items()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tasks.describe_tasks.cache_clear()
+    yield
+    tasks.describe_tasks.cache_clear()
+
+
+def spec(task: str) -> dict:
+    return {"name": "s1", "task": task, "config": {"max_updates": 2, "max_epochs": None},
+            "search_space": {"lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}},
+            "objective": {"metric": "val_loss"}, "sampler": {"name": "random", "seed": 0},
+            "budget": {"n_trials": 1}}
+
+
+@pytest.mark.parametrize("task, msg", [
+    ("broken-import", "task 'broken-import' breaks the task contract, rule 'import': "
+                      "ModuleNotFoundError: No module named 'no_such_module_12' "
+                      "(`hpo task check broken-import` runs every rule)"),
+    ("broken-metric", "task 'broken-metric' breaks the task contract, rule 'metrics': the task "
+                      "declares ['val_loss', 'val_r2'] but eval_metrics returns ['val_loss'] "
+                      "(`hpo task check broken-metric` runs every rule)"),
+    ("broken-build", "task 'broken-build' breaks the task contract, rule 'build': raised "
+                     "RuntimeError: no such layer: Linear3000 "
+                     "(`hpo task check broken-build` runs every rule)"),
+])
+def test_a_task_that_breaks_the_contract_at_creation_answers_422_naming_task_and_rule(
+        client, tokens, app, installed, task, msg):
+    r = client.post("/v1/studies", json=spec(task), headers=bearer(tokens["alice"]))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["details"] == [{"loc": "task", "msg": msg}]
+    assert _stored(app) == ([], [])
+
+
+def test_a_contract_break_creation_cannot_see_leaves_the_study_created(client, tokens,
+                                                                       installed):
+    # a mean loss shows only when training: hpo task check finds it, creation does not
+    r = client.post("/v1/studies", json=spec("mean-loss"), headers=bearer(tokens["alice"]))
+    assert r.status_code == 201, r.text
+
+
+def test_an_installed_scaffold_is_listed_by_get_tasks(client, tokens, tmp_path, monkeypatch,
+                                                      forget_module):  # noqa: F811 - fixture
+    _, site = install_scaffold(tmp_path, "listed-task")
+    forget_module("listed_task")
+    monkeypatch.syspath_prepend(str(site))
+    tasks.describe_tasks.cache_clear()
+    try:
+        body = client.get("/v1/tasks", headers=bearer(tokens["bob"])).json()
+    finally:
+        tasks.describe_tasks.cache_clear()
+    listed = next(t for t in body["tasks"] if t["name"] == "listed-task")
+    assert listed["metrics"] == {"val_loss": "minimize", "val_accuracy": "maximize"}
+    assert listed["objective"] == "val_accuracy"
+    assert [o["name"] for o in listed["options"]] == [
+        "n_samples", "n_features", "n_classes", "hidden", "dropout", "data_seed"]
+    assert "listed-task" in trainers.list_tasks()
