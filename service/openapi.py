@@ -23,12 +23,23 @@ FASTAPI_422 = "#/components/schemas/HTTPValidationError"
 ERROR_REF = "#/components/schemas/ErrorBody"
 
 
+# a valid spec (examples/digits-tpe-asha.yaml, smaller): clients and API testers start here
+SPEC_EXAMPLE = {
+    "name": "digits-tpe", "task": "digits", "config": {"max_epochs": 2, "micro_batch_size": 64},
+    "search_space": {"lr": {"type": "float", "low": 1e-4, "high": 0.3, "log": True},
+                     "width": {"type": "int", "low": 8, "high": 64, "step": 8}},
+    "objective": {"metric": "val_accuracy", "direction": "maximize"},
+    "sampler": {"name": "tpe", "seed": 0}, "scheduler": {"name": "asha", "grace_period": 23},
+    "budget": {"n_trials": 8, "max_concurrent_trials": 2},
+}
+
+
 def spec_body() -> dict[str, Any]:
     """The ``requestBody`` of ``POST /v1/studies``: a StudySpec as JSON or as YAML."""
     schema = {"$ref": SPEC_REF}
     return {"required": True, "description": "the study spec, as JSON or as YAML",
-            "content": {"application/json": {"schema": schema},
-                        "application/yaml": {"schema": schema}}}
+            "content": {media: {"schema": schema, "example": SPEC_EXAMPLE}
+                        for media in ("application/json", "application/yaml")}}
 
 
 def spec_schemas() -> dict[str, dict[str, Any]]:
