@@ -24,7 +24,15 @@ from trainers.errors import (
 from trainers.fields import FieldInfo, describe
 from trainers.loop import TrainResult, fit
 from trainers.reporting import Decision, ListReporter, NullReporter, Reporter
-from trainers.tasks import ENTRY_POINT_GROUP, Task, create, get_task, list_tasks
+from trainers.tasks import (
+    ENTRY_POINT_GROUP,
+    Task,
+    create,
+    get_task,
+    list_tasks,
+    load_task,
+    task_target,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -46,5 +54,7 @@ __all__ = [
     "fit",
     "get_task",
     "list_tasks",
+    "load_task",
     "planned_updates",
+    "task_target",
 ]

@@ -12,9 +12,11 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray import tune
+from ray.exceptions import RuntimeEnvSetupError
 from ray.tune.search import BasicVariantGenerator
 
 import trainers
@@ -23,6 +25,7 @@ from hpo.lease import DriverLease
 from hpo.record import Counts, Orphan, StudyRecord
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 from hpo.storage import open_storage
+from hpo.taskcode import task_code
 from hpo.tune.callback import RecordCallback
 from hpo.tune.pbt import build_pbt, remove_pins
 from hpo.tune.pbt import param_space as pbt_param_space
@@ -35,6 +38,7 @@ from hpo.workers import gcs_endpoint, tcp_reachable
 
 DEFAULT_RESULTS_DIR = "hpo-runs"
 CLUSTER_PROBE_TIMEOUT_S = 5.0
+_joined: dict[str, Any] = {}  # the Ray connection init_ray made: its job id and runtime_env
 
 # Ray Tune's own console reporter would interleave with ours; its legacy reporter at
 # verbose=0 prints nothing. Its warning about frequent experiment snapshots (we
@@ -61,18 +65,29 @@ class StudyOutcome:
     pareto_front: list[tuple[int, list[float], dict]] = dataclasses.field(default_factory=list)
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def init_ray(address: str | None = None, num_cpus: int | None = None,
+             runtime_env: dict[str, Any] | None = None) -> None:
     """Join the cluster at ``address`` (or ``RAY_ADDRESS``), or start a local Ray.
 
-    Does nothing when Ray is already initialized in this process (tests share
-    one session). A cluster address is first probed with a TCP connection
-    (``CLUSTER_PROBE_TIMEOUT_S``), so that a cluster that is down fails at once.
+    ``runtime_env`` is the job's Ray runtime environment: the task's code
+    shipped to every trial (``hpo.taskcode``). A connection that this function
+    made with another runtime environment is closed and made anew (a warm
+    driver joins before it knows its study's task); a Ray that the caller
+    initialized itself is left as it is (tests share one session; the caller
+    then ships the code, or the workers have the task installed). A cluster
+    address is first probed with a TCP connection (``CLUSTER_PROBE_TIMEOUT_S``),
+    so that a cluster that is down fails at once.
 
     Raises:
-        ClusterError: the cluster cannot be reached.
+        ClusterError: the cluster cannot be reached, or the task's code cannot be
+            shipped to it (e.g. a package of Ray's 512 MiB limit or more).
     """
     if ray.is_initialized():
-        return
+        made_here = _joined.get("job_id") == ray.get_runtime_context().get_job_id()
+        if not made_here or _joined.get("runtime_env") == runtime_env:
+            return
+        ray.shutdown()
+    _joined.clear()
     address = address or os.environ.get("RAY_ADDRESS") or None
     endpoint = gcs_endpoint(address)
     if endpoint is not None and not tcp_reachable(*endpoint, CLUSTER_PROBE_TIMEOUT_S):
@@ -82,10 +97,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     try:  # "local": a new Ray, never one that `ray start` left running on this machine
         ray.init(address=address or "local", num_cpus=None if address else num_cpus,
                  include_dashboard=False, configure_logging=True, logging_level="WARNING",
-                 log_to_driver=False)
+                 log_to_driver=False, runtime_env=runtime_env)
+    except RuntimeEnvSetupError as e:
+        ray.shutdown()
+        raise ClusterError(f"cannot ship the task's code to the Ray cluster: {e}") from e
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ClusterError(f"cannot reach the Ray cluster at {address or 'a new local Ray'}: "
                            f"{e}") from e
+    _joined.update(job_id=ray.get_runtime_context().get_job_id(), runtime_env=runtime_env)
 
 
 def check_resources(spec: StudySpec) -> None:
@@ -115,11 +134,13 @@ def check_resources(spec: StudySpec) -> None:
 
 
 def build_trainable(spec: StudySpec, results_dir: Path):
-    """The trainable with its shared setup and its resource request."""
+    """The trainable with its shared setup and its resource request. Its trials load the
+    task class from its ``module:Class`` target, not from the worker's entry points."""
     r = spec.resources
+    code = task_code(spec.task)
     setup = TrialSetup(task=spec.task, config=dict(spec.config), cpus=r.cpus, gpus=r.gpus,
                        workers=r.workers, results_dir=str(results_dir.resolve()),
-                       custom=dict(r.custom))
+                       custom=dict(r.custom), target=code.target)
     trainable = tune.with_parameters(train_trial, setup=setup)
     if r.workers > 1:  # the Train workers get their own placement group; the trial itself
         return tune.with_resources(trainable, {"cpu": 0.01})  # must not hold their CPUs
@@ -224,10 +245,11 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     storage = open_storage(storage_url)
     results_dir = Path(results_dir)
     cluster_checked = False
+    runtime_env = task_code(spec.task).runtime_env()  # the task's code, unless built in
     if not _stored(storage, spec.name):  # refuse what cannot run before storing anything
         warm_start_points(spec, storage)
         check_budgets(spec)
-        init_ray(ray_address, num_cpus)
+        init_ray(ray_address, num_cpus, runtime_env)
         check_resources(spec)
         cluster_checked = True
     record = StudyRecord(spec, storage)
@@ -237,7 +259,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         plan = plan_trials(record)
         if plan.n_ray_trials > 0:
             if not cluster_checked:  # a stored study continued, perhaps on another cluster
-                init_ray(ray_address, num_cpus)
+                init_ray(ray_address, num_cpus, runtime_env)
                 check_resources(spec)
             _run_tuner(spec, record, plan, results_dir, on_change, stopper)
     return outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted)

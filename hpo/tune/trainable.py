@@ -29,7 +29,12 @@ from hpo.record import RESUME_KEY
 
 @dataclasses.dataclass(frozen=True)
 class TrialSetup:
-    """What every trial of a study shares (passed once through ``tune.with_parameters``)."""
+    """What every trial of a study shares (passed once through ``tune.with_parameters``).
+
+    ``target`` is the task class's ``module:Class``: a trial imports it from the code
+    Ray shipped (``hpo.taskcode``), not through the worker's entry points; without
+    it the task is looked up by its name ``task``.
+    """
 
     task: str
     config: dict[str, Any]
@@ -38,6 +43,7 @@ class TrialSetup:
     workers: int
     results_dir: str
     custom: dict[str, float] = dataclasses.field(default_factory=dict)
+    target: str | None = None
 
     @property
     def device(self) -> str:
@@ -69,7 +75,8 @@ class TuneReporter:
 
 def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path):
     torch.set_num_threads(setup.threads)
-    task, config = trainers.create(setup.task, {**setup.config, **params, "device": setup.device})
+    task_cls = trainers.load_task(setup.target) if setup.target else setup.task
+    task, config = trainers.create(task_cls, {**setup.config, **params, "device": setup.device})
     # a working copy: Tune copies each reported checkpoint to its storage at once
     return task, config.replace(checkpoint_dir=str(workdir / "checkpoints"),
                                 keep_last_checkpoints=1, checkpoint_fsync=False)

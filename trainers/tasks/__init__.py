@@ -29,6 +29,8 @@ __all__ = [
     "create",
     "get_task",
     "list_tasks",
+    "load_task",
+    "task_target",
 ]
 
 ENTRY_POINT_GROUP = "hpo.trainers"
@@ -50,6 +52,18 @@ def list_tasks() -> list[str]:
     return sorted(_targets())
 
 
+def task_target(name: str) -> str:
+    """The ``"module:Class"`` target registered under the task name ``name``.
+
+    Raises:
+        UnknownTaskError: no such task.
+    """
+    targets = _targets()
+    if name not in targets:
+        raise UnknownTaskError(name, list(targets))
+    return targets[name]
+
+
 def get_task(name: str) -> type[Task]:
     """The task class registered under ``name``.
 
@@ -57,18 +71,44 @@ def get_task(name: str) -> type[Task]:
         UnknownTaskError: no such task.
         TypeError: the entry point does not name a ``Task`` subclass.
     """
-    targets = _targets()
-    if name not in targets:
-        raise UnknownTaskError(name, list(targets))
-    module_name, _, attr = targets[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
+    target = task_target(name)
+    try:
+        return load_task(target)
+    except TypeError as e:
+        raise TypeError(f"entry point {name!r} = {target!r} is not a trainers Task subclass"
+                        ) from e
+
+
+def load_task(target: str) -> type[Task]:
+    """The ``Task`` subclass at ``target`` (``"package.module:Class"``), imported directly.
+
+    This is how a trial loads its task from the code Ray shipped to it (issue 12):
+    the worker's own entry points need not list the task. Never call it with a
+    target that came from a request: it imports whatever module it names.
+
+    Raises:
+        ValueError: ``target`` is not of the form ``module:Class``.
+        ImportError: the module cannot be imported (its own error, e.g.
+            ``ModuleNotFoundError`` for a dependency missing on this machine).
+        AttributeError: the module has no such attribute.
+        TypeError: the attribute is not a ``Task`` subclass.
+    """
+    module_name, sep, attr = target.partition(":")
+    if not (sep and module_name and attr):
+        raise ValueError(f"a task target is 'module:Class', got {target!r}")
+    cls = importlib.import_module(module_name)
+    for part in attr.split("."):
+        cls = getattr(cls, part)
     if not (isinstance(cls, type) and issubclass(cls, Task)):
-        raise TypeError(f"entry point {name!r} = {targets[name]!r} is not a trainers Task subclass")
+        raise TypeError(f"{target!r} is not a trainers Task subclass")
     return cls
 
 
-def create(name: str, params: Mapping[str, Any] | None = None) -> tuple[Task, TrainConfig]:
+def create(name: str | type[Task], params: Mapping[str, Any] | None = None
+           ) -> tuple[Task, TrainConfig]:
     """A task instance and its ``TrainConfig`` from one flat mapping of parameters.
+
+    ``name`` is a registered task's name, or a task class (``load_task``).
 
     Each key is either a ``TrainConfig`` field or one of the task's options;
     ``TrainConfig`` starts from the task's ``default_config``.
@@ -78,7 +118,7 @@ def create(name: str, params: Mapping[str, Any] | None = None) -> tuple[Task, Tr
         ConfigError: a key is neither a ``TrainConfig`` field nor a task option,
             or a value is invalid (the error names the key).
     """
-    cls = get_task(name)
+    cls, name = (get_task(name), name) if isinstance(name, str) else (name, name.name)
     params = dict(params or {})
     config_names = {f.name for f in describe(TrainConfig)}
     option_names = {f.name for f in cls.fields()}
