@@ -36,6 +36,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from trainers.contract._base import (
     _METHODS,
@@ -57,7 +58,6 @@ from trainers.contract._static import (
     creation_violations,
     documented_bounds,
 )
-from trainers.loop import TrainResult
 from trainers.tasks import get_task
 from trainers.tasks.base import Task
 
@@ -149,7 +149,7 @@ def check_task(task_cls: type[Task]) -> Iterator[RuleResult]:
     yield run("loss-sum", ("build",), lambda: _check_loss_sum(task))
     yield run("mutable-options", ("build",), lambda: _check_mutable(task_cls))
     with tempfile.TemporaryDirectory(prefix="hpo-task-check-") as tmp:
-        runs: dict[str, TrainResult] = {}
+        runs: dict[str, Any] = {}
         yield run("determinism", ("build",), lambda: _check_determinism(task_cls, Path(tmp), runs))
         yield run("resume", ("build", "determinism"),
                   lambda: _check_resume(task_cls, Path(tmp), runs))

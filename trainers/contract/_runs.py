@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset, Subset
 
 from trainers.config import TrainConfig
 from trainers.contract._base import (
@@ -19,68 +20,87 @@ from trainers.contract._base import (
     _pass,
 )
 from trainers.loop import TrainResult, fit
-from trainers.reporting import ListReporter
 from trainers.tasks.base import Task
 
-
-def _train_config(task_cls: type[Task], root: Path | None) -> TrainConfig:
-    return _config(task_cls, max_updates=4, eval_interval=1, grad_accum_steps=2,
-                   checkpoint_dir=str(root) if root else None, checkpoint_interval=2,
-                   keep_last_checkpoints=10, checkpoint_fsync=False)
+N_EVAL_ITEMS = 4  # validation items of the runs below
 
 
-def _losses(result: TrainResult) -> list[float]:
-    return [m["train_loss"] for m in result.history]
+class _Watched:
+    """A task whose micro-batch losses are recorded (``losses``) and whose models may be
+    pinned to eval mode (the loop's ``train()`` then leaves dropout and BatchNorm off),
+    evaluated on ``N_EVAL_ITEMS`` validation items; everything else is the wrapped task's."""
 
-
-def _check_determinism(task_cls: type[Task], tmp: Path, runs: dict[str, TrainResult]
-                       ) -> RuleResult:
-    first = fit(task_cls(), _train_config(task_cls, tmp / "first"), ListReporter())
-    second = fit(task_cls(), _train_config(task_cls, None), ListReporter())
-    runs["first"] = first
-    a, b = _losses(first), _losses(second)
-    if a != b:
-        step = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y) + 1
-        return _fail("determinism", f"two runs with seed 0 differ at update {step} "
-                     f"(train_loss {a[step - 1]!r} vs {b[step - 1]!r}). Fix: draw data "
-                     "from the seed given to datasets(seed) (torch.Generator().manual_seed"
-                     "(seed)), and randomness in the model from the global torch RNG, "
-                     "which the loop seeds")
-    return _pass("determinism", f"{len(a)} updates")
-
-
-def _check_resume(task_cls: type[Task], tmp: Path, runs: dict[str, TrainResult]) -> RuleResult:
-    first = runs["first"]
-    resumed = fit(task_cls(), _train_config(task_cls, tmp / "resumed"), ListReporter(),
-                  resume_from=tmp / "first" / "checkpoint-00000002")
-    want, got = first.model.state_dict(), resumed.model.state_dict()
-    differ = sorted(k for k in want if k not in got or not torch.equal(want[k], got[k]))
-    if differ or _losses(first) != _losses(resumed):
-        what = f"tensors {differ[:5]}" if differ else "train_loss"
-        return _fail("resume", f"resumed from the checkpoint of update 2, update 4 differs "
-                     f"from the uninterrupted run in {what}. Fix: keep every state the "
-                     "forward pass changes in parameters or buffers (register_buffer), "
-                     "not in plain attributes, and read no clock or unseeded RNG")
-    return _pass("resume", "2 + 2 updates")
-
-
-def _eval_mode_model(model: nn.Module) -> nn.Module:
-    """``model`` pinned to eval mode: the loop's ``train()`` leaves dropout and BatchNorm off."""
-    model.train = types.MethodType(lambda self, mode=True: nn.Module.train(self, False), model)
-    return model.eval()
-
-
-class _EvalModeTask:
-    """A task whose models stay in eval mode; everything else is the wrapped task's."""
-
-    def __init__(self, task: Task) -> None:
-        self._task = task
+    def __init__(self, task: Task, eval_mode: bool = False) -> None:
+        self._task, self._eval_mode = task, eval_mode
+        self.losses: list[float] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._task, name)
 
     def build_model(self, config: TrainConfig) -> nn.Module:
-        return _eval_mode_model(self._task.build_model(config))
+        model = self._task.build_model(config)
+        if self._eval_mode:
+            model.train = types.MethodType(lambda m, mode=True: nn.Module.train(m, False),
+                                           model)
+            model.eval()
+        return model
+
+    def datasets(self, seed: int) -> tuple[Dataset, Dataset]:
+        # what these runs compare is training; their one evaluation needs only a few items
+        train_set, val_set = self._task.datasets(seed)
+        return train_set, Subset(val_set, range(min(len(val_set), N_EVAL_ITEMS)))
+
+    def loss_sum(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        loss = self._task.loss_sum(model, batch)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+
+N_UPDATES, RESUME_AT, ACCUM = 4, 2, 2  # updates of a run, the checkpoint resumed, micro-batches
+
+
+def _fit(task_cls: type[Task], root: Path, resume_from: Path | None = None
+         ) -> tuple[TrainResult, list[float]]:
+    """A run of ``N_UPDATES`` updates checkpointing every ``RESUME_AT``, evaluated at its end
+    only; its result and its micro-batch losses."""
+    config = _config(task_cls, max_updates=N_UPDATES, eval_interval=None,
+                     grad_accum_steps=ACCUM, checkpoint_dir=str(root),
+                     checkpoint_interval=RESUME_AT, keep_last_checkpoints=10,
+                     checkpoint_fsync=False)
+    task: Any = _Watched(task_cls())
+    return fit(task, config, resume_from=resume_from), task.losses
+
+
+def _check_determinism(task_cls: type[Task], tmp: Path, runs: dict[str, Any]) -> RuleResult:
+    runs["first"] = first, a = _fit(task_cls, tmp / "first")
+    _, b = _fit(task_cls, tmp / "second")
+    if a != b:
+        i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                 min(len(a), len(b)))
+        found = f"loss {a[i]!r} vs {b[i]!r}" if i < min(len(a), len(b)) else \
+            f"{len(a)} vs {len(b)} micro-batches"
+        return _fail("determinism", f"two runs with seed 0 differ at micro-batch {i + 1} "
+                     f"(update {i // ACCUM + 1}): {found}. Fix: draw data from the seed "
+                     "given to datasets(seed) (torch.Generator().manual_seed(seed)), and "
+                     "randomness in the model from the global torch RNG, which the loop "
+                     "seeds")
+    return _pass("determinism", f"{N_UPDATES} updates")
+
+
+def _check_resume(task_cls: type[Task], tmp: Path, runs: dict[str, Any]) -> RuleResult:
+    first, losses = runs["first"]
+    resumed, resumed_losses = _fit(task_cls, tmp / "resumed",
+                                   resume_from=tmp / "first" / f"checkpoint-{RESUME_AT:08d}")
+    want, got = first.model.state_dict(), resumed.model.state_dict()
+    differ = sorted(k for k in want if k not in got or not torch.equal(want[k], got[k]))
+    if differ or losses[RESUME_AT * ACCUM:] != resumed_losses:
+        what = f"tensors {differ[:5]}" if differ else "the losses of its micro-batches"
+        return _fail("resume", f"resumed from the checkpoint of update {RESUME_AT}, update "
+                     f"{N_UPDATES} differs from the uninterrupted run in {what}. Fix: keep "
+                     "every state the forward pass changes in parameters or buffers "
+                     "(register_buffer), not in plain attributes, and read no clock or "
+                     "unseeded RNG")
+    return _pass("resume", f"{RESUME_AT} + {N_UPDATES - RESUME_AT} updates")
 
 
 def _one_sgd_update(task_cls: type[Task], micro_batch_size: int, grad_accum_steps: int
@@ -89,7 +109,7 @@ def _one_sgd_update(task_cls: type[Task], micro_batch_size: int, grad_accum_step
                      grad_accum_steps=grad_accum_steps, max_updates=1, optimizer="sgd",
                      momentum=0.0, lr=1.0, weight_decay=0.0, schedule="constant",
                      warmup_steps=0, max_grad_norm=None, eval_interval=None)
-    task: Any = _EvalModeTask(task_cls())
+    task: Any = _Watched(task_cls(), eval_mode=True)
     result = fit(task, config)
     return {k: v.detach().clone() for k, v in result.model.named_parameters()}
 

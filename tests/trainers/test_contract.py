@@ -1,0 +1,75 @@
+"""``trainers.contract``: the task contract's rules (issue 12, point 2); the CLI's tests are in
+``tests/hpo/test_task_cli.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+import trainers.contract._static as static
+from tests.trainers.broken_tasks import BuildRaisesTask, MissingMetricTask
+from tests.trainers.toy_tasks import RegressionTask
+from trainers import TrainConfig
+from trainers.contract import RULES, RuleResult, check_target, creation_violations
+from trainers.contract import documented_bounds as bounds
+from trainers.fields import FieldInfo
+
+
+def info(kind: str, help_text: str) -> FieldInfo:
+    return FieldInfo("x", kind, 1, help_text, nullable=False)
+
+
+@pytest.mark.parametrize("kind, help_text, expected", [
+    ("int", "channels of every conv layer (1..512)", [1, 512]),
+    ("int", "context length in characters (8..4096)", [8, 4096]),
+    ("float", "dropout before the classifier, in [0, 1)", [0.0]),
+    ("float", "final LR as a fraction of lr, in [0, 1]", [0.0, 1.0]),
+    ("float", "fraction held out, (0, 0.5]", [0.5]),
+    ("float", "fraction held out, (0, 1)", []),
+    ("int", "random training windows per epoch (>= 1)", [1]),
+    ("int", "heads (>= 2, <= 16)", [2, 16]),
+    ("float", "decay in [1e-3, 2.5]", [0.001, 2.5]),
+    ("int", "seed, in [0, 2**32)", []),
+    ("int", "attention heads; must divide d_model", []),
+    ("str", "a name (1..8)", []),
+])
+def test_documented_bounds_are_the_closed_ends_of_the_help_text(kind, help_text, expected):
+    found = bounds(info(kind, help_text))
+    assert found == expected
+    assert all(type(v) is (int if kind == "int" else float) for v in found)
+
+
+@pytest.mark.parametrize("task", ["digits", "charlm"])
+def test_the_builtin_tasks_keep_the_contract(task):
+    results = list(check_target(task))
+    assert [r.rule for r in results] == list(RULES)
+    assert [r.line() for r in results if not r.ok] == []
+
+
+def test_result_lines_name_rule_method_and_fix():
+    assert RuleResult("pickle", "PASS").line() == "PASS pickle"
+    assert RuleResult("bounds", "PASS", detail="6 bound(s)").line() == "PASS bounds (6 bound(s))"
+    assert RuleResult("resume", "FAIL", "Task.build_model", "differs. Fix: x").line() == \
+        "FAIL resume [Task.build_model]: differs. Fix: x"
+    assert RuleResult("resume", "SKIP", "", "needs determinism").line() == \
+        "SKIP resume: needs determinism"
+
+
+CONFIG = TrainConfig(max_updates=1, max_epochs=None, device="cpu")
+
+
+def test_creation_finds_a_missing_metric_and_a_raising_build_model():
+    assert creation_violations(RegressionTask(), CONFIG) == []
+    assert creation_violations(MissingMetricTask(), CONFIG) == [RuleResult(
+        "metrics", "FAIL", "Task.eval_sums / Task.eval_metrics",
+        "the task declares ['val_loss', 'val_r2'] but eval_metrics returns ['val_loss']")]
+    assert creation_violations(BuildRaisesTask(), CONFIG) == [RuleResult(
+        "build", "FAIL", "Task.datasets / Task.build_model",
+        "raised RuntimeError: no such layer: Linear3000")]
+
+
+def test_creation_builds_no_model_above_the_parameter_limit(monkeypatch):
+    # RegressionTask's MLP has 4*8 + 8 + 8 + 1 = 49 parameters
+    monkeypatch.setattr(static, "CREATION_CHECK_MAX_PARAMS", 48)
+    assert creation_violations(MissingMetricTask(), CONFIG) == []
+    monkeypatch.setattr(static, "CREATION_CHECK_MAX_PARAMS", 49)
+    assert [r.rule for r in creation_violations(MissingMetricTask(), CONFIG)] == ["metrics"]
