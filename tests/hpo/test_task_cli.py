@@ -42,8 +42,8 @@ CASES = {  # class: (rules that do not pass, the FAIL line's start)
                           "['val_loss', 'val_r2'] but eval_metrics returns ['val_loss']"),
     "NondeterministicTask": ({"determinism": "FAIL", "resume": "SKIP", "accumulation": "SKIP"},
                              "FAIL determinism [Task.datasets / Task.build_model / "
-                             "Task.loss_sum]: two runs with seed 0 differ at micro-batch 1 "
-                             "(update 1): loss "),
+                             "Task.loss_sum]: two runs with seed 0 differ at micro-batch 1: "
+                             "loss "),
     "NonResumableTask": ({"resume": "FAIL"},
                          "FAIL resume [Task.build_model]: resumed from the checkpoint of "
                          "update 2, update 4 differs"),

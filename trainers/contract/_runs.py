@@ -79,8 +79,8 @@ def _check_determinism(task_cls: type[Task], tmp: Path, runs: dict[str, Any]) ->
                  min(len(a), len(b)))
         found = f"loss {a[i]!r} vs {b[i]!r}" if i < min(len(a), len(b)) else \
             f"{len(a)} vs {len(b)} micro-batches"
-        return _fail("determinism", f"two runs with seed 0 differ at micro-batch {i + 1} "
-                     f"(update {i // ACCUM + 1}): {found}. Fix: draw data from the seed "
+        return _fail("determinism", f"two runs with seed 0 differ at micro-batch {i + 1}: "
+                     f"{found}. Fix: draw data from the seed "
                      "given to datasets(seed) (torch.Generator().manual_seed(seed)), and "
                      "randomness in the model from the global torch RNG, which the loop "
                      "seeds")
@@ -93,7 +93,9 @@ def _check_resume(task_cls: type[Task], tmp: Path, runs: dict[str, Any]) -> Rule
                                    resume_from=tmp / "first" / f"checkpoint-{RESUME_AT:08d}")
     want, got = first.model.state_dict(), resumed.model.state_dict()
     differ = sorted(k for k in want if k not in got or not torch.equal(want[k], got[k]))
-    if differ or losses[RESUME_AT * ACCUM:] != resumed_losses:
+    # the resumed run's micro-batches are the last ones of the uninterrupted run
+    tail = losses[len(losses) - len(resumed_losses):] if resumed_losses else [None]
+    if differ or tail != resumed_losses:
         what = f"tensors {differ[:5]}" if differ else "the losses of its micro-batches"
         return _fail("resume", f"resumed from the checkpoint of update {RESUME_AT}, update "
                      f"{N_UPDATES} differs from the uninterrupted run in {what}. Fix: keep "
