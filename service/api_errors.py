@@ -52,6 +52,7 @@ HTTP_CODES = {400: "bad_request", 401: "not_authenticated", 403: "forbidden", 40
 
 DESCRIPTIONS = {400: "the body is not well-formed JSON or YAML", 401: "no token, or an unknown one",
                 403: "the token may not do this", 404: "no such study (or trial) for this token",
+                408: "the request body did not arrive within HPO_BODY_TIMEOUT_S",
                 409: "the study's name is taken, or its state forbids this",
                 413: "the request body is over HPO_MAX_BODY_BYTES",
                 415: "the body's content type is neither JSON nor YAML",

@@ -22,7 +22,7 @@ router = APIRouter(prefix="/v1/studies", tags=["studies"])
 JSON_TYPES = {"application/json"}
 YAML_TYPES = {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"}
 READ = errors(401, 404, 503)  # every route with a token and a study name
-WRITE = errors(401, 404, 409, 413, 503)  # 413: any body of a POST or DELETE is bounded
+WRITE = errors(401, 404, 408, 409, 413, 503)  # 408, 413: any body of a POST or DELETE
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="items to skip")]
 TrialNumber = Annotated[int, Path(ge=0, le=2**31 - 1, description="the trial's number")]
@@ -64,7 +64,7 @@ async def read_spec_body(request: Request) -> Any:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut,
-             responses=errors(400, 401, 409, 413, 415, 422, 503),
+             responses=errors(400, 401, 408, 409, 413, 415, 422, 503),
              openapi_extra={"requestBody": spec_body()})
 async def create_study(request: Request, who: Writer, studies: StudiesDep,
                        response: Response) -> StudyOut:

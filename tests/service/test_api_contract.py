@@ -85,17 +85,18 @@ def test_openapi_documents_the_bearer_scheme_on_every_route_that_takes_a_token(c
 
 
 # what each route answers besides its success (403: no /v1 route refuses a known token;
-# another owner's study is 404, so that its name does not leak)
+# another owner's study is 404, so that its name does not leak; 408: a body slower than
+# HPO_BODY_TIMEOUT_S, see test_connection_limits.py)
 DOCUMENTED_ERRORS = {
     ("get", "/healthz"): set(),
     ("get", "/readyz"): {503},
-    ("post", "/v1/studies"): {400, 401, 409, 413, 415, 422, 503},
+    ("post", "/v1/studies"): {400, 401, 408, 409, 413, 415, 422, 503},
     ("get", "/v1/studies"): {401, 422, 503},
     ("get", "/v1/studies/{name}"): {401, 404, 422, 503},
-    ("delete", "/v1/studies/{name}"): {401, 404, 409, 413, 422, 503},
+    ("delete", "/v1/studies/{name}"): {401, 404, 408, 409, 413, 422, 503},
     ("get", "/v1/studies/{name}/trials"): {401, 404, 422, 503},
     ("get", "/v1/studies/{name}/trials/{number}"): {401, 404, 422, 503},
-    ("post", "/v1/studies/{name}/stop"): {401, 404, 409, 413, 422, 503},
+    ("post", "/v1/studies/{name}/stop"): {401, 404, 408, 409, 413, 422, 503},
     ("get", "/v1/tasks"): {401, 503},
 }
 
