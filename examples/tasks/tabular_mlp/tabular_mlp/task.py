@@ -170,7 +170,7 @@ class TabularMLPTask(Task):
     mutable_options = frozenset({"dropout", "input_noise", "label_smoothing"})
     supports_activation_checkpointing = True
     default_config = {"micro_batch_size": 32, "lr": 2e-3, "weight_decay": 1e-2,
-                      "max_epochs": 30, "warmup_steps": 20, "schedule": "cosine",
+                      "max_epochs": 20, "warmup_steps": 20, "schedule": "cosine",
                       "ema_decay": 0.98}
 
     def datasets(self, seed: int) -> tuple[Dataset, Dataset]:
