@@ -5,9 +5,10 @@ written as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``: JSON has
 no such numbers, and optuna-dashboard#108 shows what a bare ``Infinity`` does
 to a JSON client.
 
-Every datetime is written in UTC with its offset (``...Z``). Optuna stores naive
-datetimes of the local clock (``datetime.now()`` in the driver, which runs on
-the service's machine); the service's own tables store aware UTC ones.
+Every datetime is written in UTC with its offset (``...Z``). Optuna's trials carry
+naive datetimes of this machine's local clock (Optuna 5 stores UTC and converts
+to local time when it reads; ``service.optuna_sql`` does the same); the
+service's own tables give aware UTC ones.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ T = TypeVar("T")
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:
-    """``value`` in UTC; a naive one is read as this machine's local time (as Optuna wrote it)."""
+    """``value`` in UTC; a naive one is read as this machine's local time (Optuna's trials)."""
     return value.astimezone(dt.UTC)
 
 

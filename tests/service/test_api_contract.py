@@ -197,7 +197,7 @@ def test_every_datetime_in_every_answer_is_utc_also_under_a_local_time_zone(
             "trials.items[0].datetime_complete", "trials.items[1].datetime_start",
             "trial.datetime_start", "trial.datetime_complete",
             "view.best_trial.datetime_start"} <= set(found)
-    # Optuna stored the New York wall clock, naive: the answer is that instant in UTC
+    # Optuna hands out the New York wall clock, naive: the answer is that instant in UTC
     stored = study.trials[0]
     assert stored.datetime_start.tzinfo is None
     assert found["trial.datetime_start"] == stored.datetime_start.replace(
@@ -207,6 +207,8 @@ def test_every_datetime_in_every_answer_is_utc_also_under_a_local_time_zone(
     now = dt.datetime.now(dt.UTC)
     assert abs(found["trial.datetime_start"] - now) < dt.timedelta(hours=1)
     assert abs(found["create.created_at"] - now) < dt.timedelta(hours=1)
+    # the running trial's device-seconds count from its start, not 5 hours more
+    assert 0 <= answers["view"].json()["device_seconds"] < 3600
 
 
 # -- 13: unsupported methods ------------------------------------------------------------
