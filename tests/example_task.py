@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "tabular_mlp"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "tasks" / "tabular_mlp"
 TASK_NAME = "tabular-mlp"
 
 

@@ -10,12 +10,14 @@ and 4).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import httpx
 import yaml
 
 from hpo.spec import load_spec
-from tests.example_task import EXAMPLE, TASK_NAME, install_example_task
+from tests.example_task import EXAMPLE, REPO, TASK_NAME, install_example_task
 from tests.service.conftest import bearer, wait_for
 from tests.service.test_e2e import _admin_token, _ended, _warm_driver
 
@@ -69,3 +71,13 @@ def test_the_example_study_spec_is_valid_for_the_example_task(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(install_example_task(tmp_path)))
     spec = load_spec(EXAMPLE / "study.yaml")
     assert spec.task == TASK_NAME and spec.objectives[0].metric == "val_loss"
+
+
+def test_the_example_package_passes_its_own_tests_and_the_task_contract(tmp_path):
+    site = install_example_task(tmp_path)  # its tests import the installed package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(EXAMPLE / "tests")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "4 passed" in proc.stdout
