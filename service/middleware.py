@@ -17,7 +17,9 @@ BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 class MethodGuard:
     """Answers 405 (JSON error shape, ``Allow`` header) to a method that a route's path does
-    not take, and HEAD like GET (without the body) where the route takes GET.
+    not take, HEAD included: the API's routes take exactly the methods they declare (FastAPI's
+    convention, and what issue 11.13 asks of ``HEAD /v1/studies``); only the dashboard, behind
+    this guard, answers HEAD like GET (it does so itself).
 
     The dashboard is mounted at ``/`` and would otherwise answer any method on any path
     (404, 403 or HTML) before the router's own 405 could. Paths that no route in
@@ -46,25 +48,12 @@ class MethodGuard:
                 allowed |= route.methods
         if not allowed:
             await self.app(scope, receive, send)
-        elif scope["method"] == "HEAD" and "GET" in allowed:
-            await self.app({**scope, "method": "GET"}, receive, _without_body(send))
         else:
-            allow = ", ".join(sorted(allowed | ({"HEAD"} if "GET" in allowed else set())))
+            allow = ", ".join(sorted(allowed))
             response = error_response(405, "method_not_allowed",
                                       f"{scope['method']} is not allowed here; allowed: {allow}",
                                       headers={"Allow": allow})
             await response(scope, receive, send)
-
-
-def _without_body(send):
-    """``send`` that passes a response's start (headers, ``Content-Length``) but no body."""
-
-    async def head_send(message) -> None:
-        if message["type"] == "http.response.body":
-            message = {**message, "body": b""}
-        await send(message)
-
-    return head_send
 
 
 class BodyLimit:
