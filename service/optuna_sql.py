@@ -155,6 +155,12 @@ def trial_ids_page(conn: sa.Connection, study_id: int, offset: int, limit: int) 
     return list(conn.execute(query).scalars())
 
 
+def n_trials(conn: sa.Connection, study_id: int) -> int:
+    """The number of trials of a study, of every state. One query on ``trials``' index."""
+    return conn.execute(sa.select(sa.func.count()).select_from(trials)
+                        .where(trials.c.study_id == study_id)).scalar_one()
+
+
 def trial_id(conn: sa.Connection, study_id: int, number: int) -> int | None:
     """The internal id of trial ``number`` of a study, or ``None``."""
     return conn.execute(sa.select(trials.c.trial_id).where(

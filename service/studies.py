@@ -191,7 +191,7 @@ class StudyService:
             optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
             if optuna_id is None:
                 return [], 0
-            total = optuna_sql.trial_counts(conn, [name])[name].total
+            total = optuna_sql.n_trials(conn, optuna_id)
             ids = optuna_sql.trial_ids_page(conn, optuna_id, offset, limit)
             return optuna_sql.load_trials(conn, ids, intermediate=intermediate), total
 

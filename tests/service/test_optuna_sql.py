@@ -35,8 +35,10 @@ def test_counts_ids_pages_and_device_seconds_match_optuna(db_url):
         ids = optuna_sql.study_ids(conn, ["one", "two", "absent"])
         page = optuna_sql.trial_ids_page(conn, ids["one"], offset=2, limit=3)
         used = optuna_sql.device_seconds(conn, ids["one"], devices_held=1.0)
+        n_one = optuna_sql.n_trials(conn, ids["one"])
     assert counts["one"] == optuna_sql.TrialCounts(complete=3, pruned=2, failed=1)
     assert counts["one"].budget_used == 6
+    assert n_one == counts["one"].total == 6
     assert counts["two"].finished == 1 and counts["absent"].total == 0
     assert ids == {name: storage.get_study_id_from_name(name) for name in ("one", "two")}
     assert [storage.get_trial(i).number for i in page] == [2, 3, 4]
