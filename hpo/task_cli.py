@@ -28,8 +28,11 @@ def new(
     directory: Annotated[Path, typer.Argument(
         metavar="DIR", help="where to write the package (new or empty)")],
 ) -> None:
-    """Scaffold an installable task package: pyproject.toml with the hpo.trainers entry
-    point, a task module with every part to replace marked '# REPLACE:', a test, a README."""
+    """Scaffold an installable task package in a new or empty DIR.
+
+    pyproject.toml with the hpo.trainers entry point, a task module with every part to
+    replace marked '# REPLACE:', a test that trains it, a README. Exit 2: a bad NAME or DIR.
+    """
     import trainers
     from hpo.scaffold import ScaffoldError, scaffold
 
@@ -49,8 +52,11 @@ def check(
         metavar="TARGET", help="an installed task's name, or module:Class importable from "
                                "the current directory")],
 ) -> None:
-    """Hold a task to the task contract on the CPU: one line per rule (PASS, FAIL naming the
-    method and the fix, or SKIP when a rule it needs failed); exit 1 on any failure."""
+    """Hold a task to the task contract (losses are sums, resume is exact, ...) on the CPU.
+
+    One line per rule: PASS, FAIL naming the method and the fix, or SKIP when a rule it
+    needs failed. Exit 1 on any failure.
+    """
     from trainers.contract import check_target
 
     results = []

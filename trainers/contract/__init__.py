@@ -7,21 +7,21 @@ seed, all state lives in ``state_dict``... :func:`check_task` runs each rule
 on the CPU, in fp32, with the loop itself (``trainers.fit``), and yields one
 :class:`RuleResult` per rule, in this order:
 
-=================  ==========================================================
-``import``         the target names an importable ``Task`` subclass
-``pickle``         a task and its options survive ``pickle`` (Ray ships them)
-``build``          datasets (both non-empty) and model build from the defaults
-``bounds``         ...and from each option's documented closed bounds (the
-                   model on PyTorch's ``meta`` device: no memory, any size)
-``metrics``        ``eval_metrics`` returns exactly the declared metrics, finite
-``loss-sum``       ``loss_sum`` of a batch is the sum of its halves' (not a mean)
+===================  ==============================================================
+``import``           the target names an importable ``Task`` subclass
+``pickle``           a task and its options survive ``pickle`` (Ray ships them)
+``build``            datasets (both non-empty) and model build from the defaults
+``bounds``           ...and from each option's documented closed bounds (the
+                     model on PyTorch's ``meta`` device: no memory, any size)
+``metrics``          ``eval_metrics`` returns exactly the declared metrics, finite
+``loss-sum``         ``loss_sum`` of a batch is the sum of its halves' (not a mean)
 ``mutable-options``  changing a mutable option changes no parameter shape
-``determinism``    two runs with the same seed have the same first losses
-``resume``         resuming from a checkpoint after 2 updates is bit-identical
-``accumulation``   micro-batch m x K accumulation steps gives the gradient of
-                   micro-batch m*K x 1 within 1e-6 (dropout and BatchNorm in
-                   eval mode, SGD with lr 1, so an update is the gradient)
-=================  ==========================================================
+``determinism``      two runs, same seed: the same loss for every micro-batch
+``resume``           resuming from a checkpoint after 2 updates is bit-identical
+``accumulation``     micro-batch m x K accumulation steps gives the gradient of
+                     micro-batch m*K x 1 within 1e-6 (dropout and BatchNorm in
+                     eval mode, SGD with lr 1, so an update is the gradient)
+===================  ==============================================================
 
 A rule whose premise failed is reported ``SKIP`` naming that rule. Documented
 bounds are read from the help text of each option: ``(1..512)``, ``in [0, 1)``,
