@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch.utils.data
 
 import trainers.contract._static as static
 from tests.trainers.broken_tasks import BuildRaisesTask, MissingMetricTask
@@ -65,6 +66,17 @@ def test_creation_finds_a_missing_metric_and_a_raising_build_model():
     assert creation_violations(BuildRaisesTask(), CONFIG) == [RuleResult(
         "build", "FAIL", "Task.datasets / Task.build_model",
         "raised RuntimeError: no such layer: Linear3000")]
+
+
+class EmptyValidationTask(RegressionTask):
+    def datasets(self, seed: int):
+        train_set, val_set = super().datasets(seed)
+        return train_set, torch.utils.data.Subset(val_set, [])
+
+
+def test_creation_refuses_an_empty_validation_set():
+    assert creation_violations(EmptyValidationTask(), CONFIG) == [RuleResult(
+        "build", "FAIL", "Task.datasets / Task.build_model", "the validation dataset is empty")]
 
 
 def test_creation_builds_no_model_above_the_parameter_limit(monkeypatch):

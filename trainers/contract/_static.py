@@ -209,6 +209,8 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
             model = task.build_model(config.replace(device="cpu"))
     except Exception as e:  # noqa: BLE001 - the task's own code
         return [_fail("build", f"raised {_exc(e)}")]
+    if len(val_set) == 0:
+        return [_fail("build", "the validation dataset is empty")]
     if sum(p.numel() for p in model.parameters()) > CREATION_CHECK_MAX_PARAMS:
         return []
     try:
