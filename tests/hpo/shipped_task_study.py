@@ -13,7 +13,9 @@ node offers the custom resource ``special`` that every trial requires.
    process, for the reference curves.
 3. A study of ``broken-import``, a single-file module shipped alone whose
    import needs a module that only this process has: its trials fail on the
-   worker and the study goes on to its budget.
+   worker and the study goes on to its budget. Its error names the helper
+   module, not ``broken_task``: the connection made for study 2 was made anew
+   with this task's code (``init_ray``), as a warm driver's is.
 
 Prints a JSON report.
 """
