@@ -9,6 +9,8 @@ bad argument (the message names it).
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -43,7 +45,9 @@ def new(
         raise typer.Exit(2) from None
     for path in written:
         out.print(f"wrote {path}", markup=False)
-    out.print(f"next: pip install {directory} && hpo task check {name}", markup=False)
+    # a bare relative name would be looked up on PyPI by pip: give it as a path
+    target = str(directory) if directory.is_absolute() else os.path.join(".", directory)
+    out.print(f"next: pip install {shlex.quote(target)} && hpo task check {name}", markup=False)
 
 
 @task_app.command("check")

@@ -189,3 +189,14 @@ def test_check_finds_module_colon_class_in_the_current_directory(
     result, _, statuses = check("here_task.task:HereTaskTask")
     assert result.exit_code == 0, result.output
     assert statuses == {rule: "PASS" for rule in RULES}
+
+
+@pytest.mark.parametrize("given, shown", [("my-task", "./my-task"), ("./my-task", "./my-task"),
+                                          ("sub dir/my-task", "'./sub dir/my-task'")])
+def test_new_says_to_install_the_directory_as_a_path_not_a_pypi_name(
+        tmp_path, monkeypatch, given, shown):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["task", "new", "fresh-task", given])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == \
+        f"next: pip install {shown} && hpo task check fresh-task"
