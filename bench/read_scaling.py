@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import random
 import sys
@@ -138,6 +139,7 @@ def run_backend(label: str, url: str, sizes: list[int], requests: int,
                               run_dispatcher=False))
     token = create_token(app.state.components.sessions, "bench", admin=True)
     storage = app.state.components.studies.storage
+    gc.freeze()  # as service.server.serve does once the app is built
     counter = StatementCounter()
     rng = random.Random(0)
     try:
