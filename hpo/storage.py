@@ -146,3 +146,21 @@ def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
 UPSERT_ROWS = 1000
 _UPSERT_DIALECTS = {"sqlite": sqlalchemy.dialects.sqlite.insert,
                     "postgresql": sqlalchemy.dialects.postgresql.insert}
+
+
+def pareto_front_mask(losses):
+    """Which rows of ``losses`` no other row dominates (all objectives minimized).
+
+    Optuna's own non-dominated sort, the one ``Study.best_trials`` uses, over values
+    already read (the service reads them set-based); Optuna keeps it private, so this
+    module, its seam for Optuna's private names, holds the import.
+
+    Args:
+        losses: float array of shape ``(n_trials, n_objectives)``, finite or ``inf``.
+
+    Returns:
+        bool array of shape ``(n_trials,)``; rows equal to a front row are on the front too.
+    """
+    from optuna.study._multi_objective import _is_pareto_front
+
+    return _is_pareto_front(losses, assume_unique_lexsorted=False)

@@ -29,6 +29,8 @@ import sqlalchemy as sa
 from optuna.distributions import BaseDistribution, json_to_distribution
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.storage import pareto_front_mask
+
 _meta = sa.MetaData()
 studies = sa.Table("studies", _meta, sa.Column("study_id", sa.Integer, primary_key=True),
                    sa.Column("study_name", sa.String))
@@ -315,8 +317,6 @@ def _pareto_front_ids(conn: sa.Connection, study_id: int, maximize: list[bool]) 
     """Ids of the COMPLETE (and, under constraints, feasible) trials that no other such
     trial dominates, by trial id. Two statements, whatever the study's size; the values
     go from the rows into numpy without a Python loop over them (10k trials: ~30 ms)."""
-    from optuna.study._multi_objective import _is_pareto_front  # private: Optuna's own sort
-
     kind = trial_values.c.value_type
     infinity = sa.case((kind == sa.literal_column("'INF_POS'"), 1),
                        (kind == sa.literal_column("'INF_NEG'"), -1), else_=0)
@@ -342,7 +342,7 @@ def _pareto_front_ids(conn: sa.Connection, study_id: int, maximize: list[bool]) 
     ids, losses = ids[keep], losses[keep]
     if not len(ids):
         return []
-    on_front = _is_pareto_front(losses, assume_unique_lexsorted=False)
+    on_front = pareto_front_mask(losses)
     return ids[on_front].astype(int).tolist()
 
 
