@@ -21,13 +21,16 @@ def _fields(infos: list[trainers.FieldInfo]) -> list[FieldOut]:
 
 
 def _task(name: str) -> TaskOut:
+    """One task's description; a task that cannot be loaded or described (any error at
+    import, in its class attributes or its options' schema) is listed with its error, so
+    that one broken installed package does not take ``/v1/tasks`` down for everyone."""
     try:
         cls = trainers.get_task(name)
-    except (ImportError, TypeError, AttributeError) as e:  # a broken installed entry point
+        return TaskOut(name=name, objective=cls.objective, metrics=dict(cls.metrics),
+                       options=_fields(cls.fields()))
+    except Exception as e:  # noqa: BLE001 - an installed package may raise anything
         return TaskOut(name=name, objective=None, metrics={}, options=[],
                        error=public_message(f"{type(e).__name__}: {e}"))  # no module paths
-    return TaskOut(name=name, objective=cls.objective, metrics=dict(cls.metrics),
-                   options=_fields(cls.fields()))
 
 
 @functools.cache
