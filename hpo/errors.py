@@ -41,7 +41,11 @@ def _bounded(text: str, limit: int = 1000) -> str:
 
 
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]+\))?(:|$)")  # OverflowError: ...
+_RAY_HEAD = "ray::"  # Ray writes its worker's header (pid, node IP) in place of _TRACEBACK_HEAD
+_CHAINED = ("The above exception was the direct cause of the following exception:",
+            "During handling of the above exception, another exception occurred:")
+# OverflowError: ..., RayTaskError(OverflowError): ...; never "ray::Impl.train() (pid=...)"
+_EXCEPTION_LINE = re.compile(r"^(?![\w.]*::)[A-Za-z_][\w.]*(\([\w.]+\))?(:|$)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray colours its trial errors
 _URL = re.compile(r"\b([A-Za-z][\w+.-]*)://\S*")
 _PATH = re.compile(r"(?<![\w.:/~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*")
@@ -50,25 +54,43 @@ _PATH = re.compile(r"(?<![\w.:/~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*")
 def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> str:
     """One line about an error, fit for an API answer: no traceback, no file path, no URL.
 
-    Takes the exception line of a Python traceback (its last ``Type: message``
-    line), otherwise the first non-empty line (the last with ``from_end``, for
-    the tail of a log). Terminal colour codes are dropped, file paths become
-    ``<path>``, URLs (which may carry a password) ``scheme://...``; at most
-    ``limit`` characters. The full text
-    belongs in a log (issue 11: a study's ``error`` carried a server traceback).
+    Takes the exception line of a Python traceback (of the last exception of a
+    chain: the first ``Type: message`` line after its frames, so the first line
+    of a multi-line message, never Ray's ``ray::...`` header line with its pid
+    and node IP), otherwise the first non-empty line (the last with
+    ``from_end``, for the tail of a log). Terminal colour codes are dropped,
+    file paths become ``<path>``, URLs (which may carry a password)
+    ``scheme://...``; at most ``limit`` characters. The full text belongs in a
+    log (issue 11: a study's ``error`` carried a server traceback).
     """
     lines = [line.rstrip() for line in _ANSI.sub("", text).splitlines() if line.strip()]
     if any(line.strip() == _TRACEBACK_HEAD or line.lstrip().startswith('File "')
            for line in lines):
-        unindented = [line for line in lines if not line[0].isspace()]
-        exception = [line for line in unindented if _EXCEPTION_LINE.match(line)]
-        line = (exception or unindented or [""])[-1]
+        line = _exception_line(lines)
     else:
-        line = (lines[-1] if from_end else lines[0]).strip() if lines else ""
+        plain = [line for line in lines if not line.startswith(_RAY_HEAD)] or lines
+        line = (plain[-1] if from_end else plain[0]).strip() if plain else ""
     line = _PATH.sub("<path>", _URL.sub(lambda m: f"{m.group(1)}://...", line))
     if len(line) > limit:
         line = line[:limit - 3] + "..."
     return line or "no message"
+
+
+def _exception_line(lines: list[str]) -> str:
+    """The exception line of a traceback: in the last part of a chain, the first
+    unindented exception line after the first frame (a message may itself hold lines
+    that look like a traceback)."""
+    last = max((i for i, line in enumerate(lines) if line.strip() in _CHAINED), default=-1)
+    block = lines[last + 1:]
+    first_frame = next((i for i, line in enumerate(block)
+                        if line[0].isspace() and line.lstrip().startswith('File "')), 0)
+    after = [line for line in block[first_frame:] if not line[0].isspace()]
+    exception = [line for line in after if _EXCEPTION_LINE.match(line)]
+    if exception:
+        return exception[0]
+    unindented = [line for line in lines if not line[0].isspace()
+                  and not line.startswith(_RAY_HEAD) and line.strip() != _TRACEBACK_HEAD]
+    return (unindented or [""])[-1]
 
 
 class StorageError(HpoError):

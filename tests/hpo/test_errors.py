@@ -64,3 +64,57 @@ def test_public_message_is_one_line_without_traceback_or_path(case):
 def test_public_message_is_bounded():
     out = public_message("ValueError: " + "x" * 10_000, limit=100)
     assert len(out) == 100 and out.endswith("...")
+
+
+def _ray_task_error(exc: BaseException, tune_failure_header: bool = False) -> str:
+    """``exc`` raised in a function trainable, as Ray 2.60 renders it (``str`` of the
+    ``RayTaskError``: its ``ray::`` header, with pid and node IP, in place of each
+    ``Traceback`` line), optionally as Tune writes it to a trial's error file."""
+    from ray.exceptions import RayTaskError
+
+    def train():
+        raise exc
+
+    try:
+        try:
+            train()
+        except OSError as cause:  # a chain: the trial's error is the last exception
+            raise RuntimeError("trial setup failed") from cause
+    except Exception as e:  # noqa: BLE001 - whatever the trial raised
+        err = RayTaskError("ImplicitFunc.train", traceback.format_exc(), e,
+                           proctitle="ray::ImplicitFunc.train()", pid=4242, ip="10.1.2.3",
+                           actor_repr="func", actor_id="a1b2c3")
+        text = str(err)
+    assert "ray::ImplicitFunc.train()" in text and "ip=10.1.2.3" in text
+    return ("Failure # 1 (occurred at 2026-12-01_03-00-00)\n" + text if tune_failure_header
+            else text)
+
+
+FAKE_TRACEBACK = 'bad at /x\nTraceback (most recent call last):\n  File "/opt/y.py", line 3'
+RAY_RENDERED = {
+    "message holding a traceback": (ValueError(FAKE_TRACEBACK), "ValueError: bad at <path>"),
+    "message holding a traceback and an exception line": (
+        ValueError(FAKE_TRACEBACK + "\nKeyError: 'k'"), "ValueError: bad at <path>"),
+    "multi-line message": (KeyError("a\nb"), "KeyError: 'a\\nb'"),
+    "two-line message": (TypeError("first line\nsecond line at /srv/z"),
+                         "TypeError: first line"),
+    "chained": (FileNotFoundError(2, "No such file", "/srv/data"),
+                "RuntimeError: trial setup failed"),
+}
+
+
+@pytest.mark.parametrize("tune_header", [False, True])
+@pytest.mark.parametrize("case", sorted(RAY_RENDERED))
+def test_public_message_of_a_ray_task_error_is_the_trials_exception_not_rays_header(
+        case, tune_header):
+    exc, expected = RAY_RENDERED[case]
+    assert public_message(_ray_task_error(exc, tune_header)) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "ray::ImplicitFunc.train() (pid=4242, ip=10.1.2.3, actor_id=a1b2c3)\nValueError: x",
+    "\x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=1, ip=10.1.2.3)\n  File \"/a.py\", line 1"
+    "\n    x()\nValueError: x\nray::ImplicitFunc.train() (pid=1, ip=10.1.2.3)\n  File \"/b\"",
+])
+def test_public_message_never_answers_rays_header_line(text):
+    assert public_message(text) == "ValueError: x"
