@@ -13,9 +13,15 @@ from __future__ import annotations
 import importlib.util
 import keyword
 import re
+import shutil
 from pathlib import Path
 
-NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
+# a letter, then letters, digits and single separators each followed by a letter or digit:
+# a PEP 508 distribution name pip accepts as written (no trailing or doubled - or _, which
+# pip refuses or normalizes away), an entry-point name, and with - -> _ a Python identifier
+NAME_PATTERN = re.compile(r"^[a-z](?:[a-z0-9]|[-_](?=[a-z0-9])){0,39}$")
+NAME_RULE = ("1-40 characters of a-z, 0-9, _ and -, starting with a letter and ending with a "
+             "letter or digit, with no two of _ and - in a row")
 
 
 class ScaffoldError(ValueError):
@@ -41,13 +47,15 @@ def check_name(name: str, installed: list[str]) -> None:
 
     Raises:
         ScaffoldError: not 1-40 characters of ``a-z 0-9 _ -`` starting with a
-            letter, a Python keyword, a task already registered (``installed``),
+            letter, ending with a letter or digit, without two separators in a row
+            (:data:`NAME_RULE`; what pip accepts as a distribution name, PEP 508),
+            a Python keyword, a task already registered (``installed``),
             or a module already importable here (it would be shadowed or shadow).
     """
     if not NAME_PATTERN.match(name):
-        raise ScaffoldError("NAME", f"{name!r} must be 1-40 characters of a-z, 0-9, _ and -, "
-                                    "starting with a letter (it names the task, its Python "
-                                    "package and its entry point)")
+        raise ScaffoldError("NAME", f"{name!r} must be {NAME_RULE} (it names the task, its "
+                                    "entry point, its pip distribution and, with - as _, its "
+                                    "Python package)")
     module = module_name(name)
     if keyword.iskeyword(module):
         raise ScaffoldError("NAME", f"{name!r} is a Python keyword: it cannot name a package")
@@ -79,21 +87,59 @@ def scaffold(name: str, directory: Path, installed: list[str]) -> list[Path]:
         The files written.
 
     Raises:
-        ScaffoldError: a bad name (see :func:`check_name`), or ``directory`` is
-            a file or a non-empty directory (nothing is overwritten).
+        ScaffoldError: a bad name (see :func:`check_name`), ``directory`` is a
+            file or a non-empty directory (nothing is overwritten), or it cannot
+            be created or written (any ``OSError``: what was written is removed).
     """
     check_name(name, installed)
-    if directory.exists() and not directory.is_dir():
-        raise ScaffoldError("DIR", f"{directory} is a file, not a directory")
-    if directory.is_dir() and any(directory.iterdir()):
-        raise ScaffoldError("DIR", f"{directory} is not empty; give a new or empty directory")
-    written = []
-    for relative, text in render(name).items():
-        path = directory / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        written.append(path)
+    try:
+        if directory.exists() and not directory.is_dir():
+            raise ScaffoldError("DIR", f"{directory} is a file, not a directory")
+        if directory.is_dir() and any(directory.iterdir()):
+            raise ScaffoldError("DIR", f"{directory} is not empty; give a new or empty "
+                                       "directory")
+    except OSError as e:
+        raise ScaffoldError("DIR", f"cannot read {directory}: {e.strerror or e}") from None
+    # the highest directory this call creates, removed if a write fails
+    created = next((p for p in reversed((directory, *directory.parents)) if not p.exists()),
+                   None)
+    written: list[Path] = []
+    try:
+        for relative, text in render(name).items():
+            path = directory / relative
+            _make_dir(path.parent)
+            path.write_text(text)
+            written.append(path)
+    except OSError as e:
+        _remove(created, directory)
+        verb = "create" if isinstance(e, _MakeDirError) else "write"
+        where = e.filename if e.filename is not None else directory
+        raise ScaffoldError("DIR", f"cannot {verb} {where}: {e.strerror or e}") from None
     return written
+
+
+class _MakeDirError(OSError):
+    """An ``OSError`` of ``mkdir`` (said 'cannot create', not 'cannot write')."""
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _MakeDirError(e.errno, e.strerror, e.filename) from e
+
+
+def _remove(created: Path | None, directory: Path) -> None:
+    """Remove what a failed :func:`scaffold` wrote: the directories it created, or the
+    contents of ``directory`` if it was there (and empty) before."""
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+        return
+    for child in directory.iterdir() if directory.is_dir() else ():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 _PYPROJECT = """\

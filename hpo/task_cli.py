@@ -17,16 +17,18 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from hpo.scaffold import NAME_RULE
+
 task_app = typer.Typer(help="Bring your own task: scaffold a task package, check a task.",
                        no_args_is_help=True)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line, however long DIR is
 out = Console(soft_wrap=True, highlight=False)
 
 
 @task_app.command("new")
 def new(
     name: Annotated[str, typer.Argument(
-        metavar="NAME", help="task name: a-z, 0-9, _ and -, starting with a letter")],
+        metavar="NAME", help=f"task name: {NAME_RULE}")],
     directory: Annotated[Path, typer.Argument(
         metavar="DIR", help="where to write the package (new or empty)")],
 ) -> None:
