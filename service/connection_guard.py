@@ -13,6 +13,11 @@ token to do it (slowloris). :class:`GuardedH11Protocol` adds:
   headers, else the connection is closed. The app answers the bodies it
   reads with 408 itself (:class:`service.middleware.BodyLimit`); this closes
   the connection ``BODY_GRACE_S`` later, for bodies no one reads;
+* a send timeout: an answer the client does not read (the transport's
+  write buffer stays full, so it has paused writing) for ``send_timeout_s``
+  aborts the connection; a slow client that keeps reading resumes the
+  writing and is not cut (issue 11: clients that never read a large answer
+  held every slot of the connection limit, with no token);
 * a connection limit: with more than ``max_connections`` connections open, a
   request gets 503 in the JSON error shape (and its connection is closed).
 
@@ -47,7 +52,7 @@ def _raw_error(status: int, reason: str, code: str, message: str) -> bytes:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """``H11Protocol`` with header and body timeouts and a connection limit.
+    """``H11Protocol`` with header, body and send timeouts and a connection limit.
 
     The limits are class attributes; :func:`guarded_protocol` makes a subclass
     with the service's values (uvicorn builds one protocol per connection).
@@ -55,6 +60,7 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    send_timeout_s: float = 30.0
     max_connections: int = 1000
 
     def __init__(self, *args, **kwargs) -> None:
@@ -63,6 +69,7 @@ class GuardedH11Protocol(H11Protocol):
         self.app = self._limited(self.app)
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
 
     def _limited(self, app):
         async def limited(scope, receive, send) -> None:
@@ -85,6 +92,19 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The transport's write buffer is full: the client must read within ``send_timeout_s``."""
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_timeout)
+
+    def resume_writing(self) -> None:
+        """The client read enough of the answer: no send timeout until the buffer fills again."""
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -117,10 +137,10 @@ class GuardedH11Protocol(H11Protocol):
                                                       self._header_timeout)
 
     def _cancel_timers(self) -> None:
-        for timer in (self._header_timer, self._body_timer):
+        for timer in (self._header_timer, self._body_timer, self._send_timer):
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._body_timer = None
+        self._header_timer = self._body_timer = self._send_timer = None
 
     def _header_timeout(self) -> None:
         self._header_timer = None
@@ -133,6 +153,11 @@ class GuardedH11Protocol(H11Protocol):
         self._unset_keepalive_if_required()
         self.transport.close()
 
+    def _send_timeout(self) -> None:
+        """Still paused: nothing more can be said to this client, so drop it at once."""
+        self._send_timer = None
+        self.transport.abort()  # connection_lost follows: the slot is freed, the app's send ends
+
     def _body_timeout(self, cycle) -> None:
         self._body_timer = None
         if (cycle is self.cycle and not self.transport.is_closing()
@@ -140,22 +165,26 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def guarded_protocol(header_timeout_s: float, body_timeout_s: float,
-                     max_connections: int) -> type[GuardedH11Protocol]:
+def guarded_protocol(header_timeout_s: float, body_timeout_s: float, max_connections: int,
+                     send_timeout_s: float = 30.0) -> type[GuardedH11Protocol]:
     """A :class:`GuardedH11Protocol` class with these limits, for ``uvicorn.Config(http=...)``.
 
     Args:
         header_timeout_s: seconds a request's headers may take (> 0).
         body_timeout_s: seconds a request's body may take after its headers (> 0).
         max_connections: connections served at once (>= 1); more get 503.
+        send_timeout_s: seconds an answer may wait on a client that reads none of it (> 0):
+            how long the transport may stay paused for writing before the connection is
+            aborted.
 
     Raises:
         ValueError: a value out of range.
     """
-    if not header_timeout_s > 0 or not body_timeout_s > 0:
-        raise ValueError(f"timeouts must be > 0, got {header_timeout_s=}, {body_timeout_s=}")
+    if not (header_timeout_s > 0 and body_timeout_s > 0 and send_timeout_s > 0):
+        raise ValueError(f"timeouts must be > 0, got {header_timeout_s=}, {body_timeout_s=}, "
+                         f"{send_timeout_s=}")
     if max_connections < 1:
         raise ValueError(f"max_connections must be >= 1, got {max_connections=}")
     return type("ServiceH11Protocol", (GuardedH11Protocol,), {
         "header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s,
-        "max_connections": max_connections})
+        "send_timeout_s": send_timeout_s, "max_connections": max_connections})

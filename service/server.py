@@ -63,7 +63,7 @@ def uvicorn_config(app, settings: Settings, **options) -> uvicorn.Config:
     """uvicorn's config for ``app`` with the settings' address, timeouts and connection limit
     (:mod:`service.connection_guard`); ``options`` go to ``uvicorn.Config`` as they are."""
     protocol = guarded_protocol(settings.header_timeout_s, settings.body_timeout_s,
-                                settings.max_connections)
+                                settings.max_connections, settings.send_timeout_s)
     return uvicorn.Config(app, host=settings.host, port=settings.port, http=protocol,
                           timeout_keep_alive=settings.keep_alive_s, **options)
 

@@ -18,6 +18,8 @@ variable                      default                    meaning
                                                          time, else 408 and the connection closes
 ``HPO_BODY_TIMEOUT_S``        ``30``                     a request's body must arrive in this time
                                                          after its headers, else 408 / closed
+``HPO_SEND_TIMEOUT_S``        ``30``                     a client that reads none of an answer
+                                                         this long has its connection aborted
 ``HPO_KEEP_ALIVE_S``          ``5``                      an idle connection closes after this
 ``HPO_MAX_CONNECTIONS``       ``1000``                   open connections served; more get 503
 ``HPO_HOST`` / ``HPO_PORT``   ``127.0.0.1`` / ``8000``   where ``hpo serve`` listens
@@ -57,6 +59,7 @@ class Settings:
     max_body_bytes: int = 1 << 20
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    send_timeout_s: float = 30.0
     keep_alive_s: float = 5.0
     max_connections: int = 1000
     host: str = "127.0.0.1"
@@ -95,6 +98,7 @@ class Settings:
             max_body_bytes=_int(env, "HPO_MAX_BODY_BYTES", cls.max_body_bytes, 1024, 1 << 30),
             header_timeout_s=_float(env, "HPO_HEADER_TIMEOUT_S", cls.header_timeout_s, 0.1, 3600),
             body_timeout_s=_float(env, "HPO_BODY_TIMEOUT_S", cls.body_timeout_s, 0.1, 3600),
+            send_timeout_s=_float(env, "HPO_SEND_TIMEOUT_S", cls.send_timeout_s, 0.1, 3600),
             keep_alive_s=_float(env, "HPO_KEEP_ALIVE_S", cls.keep_alive_s, 0.1, 3600),
             max_connections=_int(env, "HPO_MAX_CONNECTIONS", cls.max_connections, 1, 1 << 20),
             host=env.get("HPO_HOST") or cls.host,
