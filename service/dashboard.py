@@ -150,7 +150,8 @@ class DashboardGate:
             await self.app(scope, receive, send)
             return
         path = normalize_path(scope["path"])
-        scope = {**scope, "path": path, "raw_path": quote(path).encode("ascii")}
+        scope = {**scope, "path": path, "raw_path": quote(path).encode("ascii"),
+                 "headers": _with_accept_encoding(scope["headers"])}
         request = Request(scope, receive)
         if path in (dashboard_login.LOGIN_PATH, dashboard_login.LOGOUT_PATH):
             answer = await dashboard_login.answer(request, self.sessions, self.settings)
@@ -231,6 +232,18 @@ class DashboardGate:
                 return set(optuna_sql.study_ids(session.connection(), names).values())
 
         return await run_in_threadpool(query)
+
+
+def _with_accept_encoding(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``accept-encoding: identity`` added when the client sent none.
+
+    This answers optuna-dashboard's unguarded header read: its static routes
+    (``/static/...``, ``/favicon.ico``) read ``request.headers["Accept-Encoding"]``
+    and fail with 500 when the header is absent; "identity" is what no header means.
+    """
+    if any(name.lower() == b"accept-encoding" for name, _ in headers):
+        return headers
+    return [*headers, (b"accept-encoding", b"identity")]
 
 
 class _Filter:

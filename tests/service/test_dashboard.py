@@ -8,6 +8,7 @@ import dataclasses
 import json
 import re
 import socket
+from pathlib import Path
 
 import optuna
 import optuna_dashboard
@@ -267,3 +268,20 @@ def test_a_study_with_infinite_and_nan_values_renders_in_the_dashboard_api_and_r
                                      headers=h).text)["items"]
     assert trials[2]["value"] == "-Infinity"
     assert trials[0]["intermediate_values"] == {"0": "NaN", "1": "Infinity", "2": 0.5}
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize("path, file", [
+    ("/static/bundle.js", "public/bundle.js"),
+    ("/static/bundle.js.LICENSE.txt", "public/bundle.js.LICENSE.txt"),
+    ("/favicon.ico", "img/favicon.ico")])
+def test_static_files_answer_without_an_accept_encoding_header(client, method, path, file):
+    # optuna-dashboard reads request.headers["Accept-Encoding"] unguarded: it answered 500
+    expected = (Path(optuna_dashboard.__file__).parent / file).read_bytes()
+    request = client.build_request(method, path)
+    del request.headers["accept-encoding"]
+    r = client.send(request)
+    assert r.status_code == 200
+    assert r.headers.get("content-encoding") is None
+    assert int(r.headers["content-length"]) == len(expected)
+    assert r.content == (b"" if method == "HEAD" else expected)
