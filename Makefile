@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast lint clean
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The fast tier: lint and every test that needs neither Ray nor a server and is not marked
+# slow (markers in pyproject.toml, set from fixtures by tests/tiers.py), in 2 processes.
+test-fast: lint
+	$(BIN)/python -m pytest -q -n 2 -m "not ray and not server and not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

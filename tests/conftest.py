@@ -17,6 +17,8 @@ sys.path.insert(0, str(PLUGIN))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in [str(REPO), str(PLUGIN), os.environ.get("PYTHONPATH", "")] if p)
 
+pytest_plugins = ["tests.tiers"]  # the markers ray and server, set from fixtures, and guards
+
 
 @pytest.fixture(scope="session")
 def ray_session():

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,7 @@ def _spec(path: Path, **changes) -> Path:
     return path
 
 
+@pytest.mark.ray
 def test_run_prints_progress_and_best_trial(tmp_path):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     proc = subprocess.run([*HPO, "run", str(_spec(tmp_path / "s.yaml")), "--storage", url,

@@ -17,6 +17,7 @@ from tests.example_task import install_example_task
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_trials_run_on_the_node_with_their_resource_and_survive_its_loss(tmp_path):
     # token auth, as `ray start` clusters use by default (DESIGN.md)
@@ -40,6 +41,7 @@ def _cluster_env() -> dict[str, str]:
     return {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_task_only_the_driver_has_is_shipped_to_a_node_without_it(tmp_path):
     site = install_example_task(tmp_path)  # on the driver's sys.path only (issue 12, point 3)

@@ -112,6 +112,7 @@ def _hpo_run(spec: Path, url: str, tmp_path: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_driver_killed_and_started_again_finishes_exactly_the_budget(sig, tmp_path):
     url = f"sqlite:///{tmp_path / 'killed.db'}"
@@ -177,6 +178,7 @@ def _spec_obj(path: Path):
     return load_spec(path)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_ddp_trial_left_running_by_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
     url = f"sqlite:///{tmp_path / 'killed.db'}"

@@ -43,6 +43,7 @@ def test_a_dead_drivers_lease_is_taken_over(sqlite_url, lease):
         assert study.user_attrs[LEASE_ATTR]["id"] == taken.lease["id"]
 
 
+@pytest.mark.ray
 def test_run_study_refuses_a_busy_study(sqlite_url, tmp_path):
     spec = toy_spec("busy", budget={"n_trials": 1})
     run_study(spec, sqlite_url, results_dir=tmp_path)  # creates the study

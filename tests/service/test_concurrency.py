@@ -14,6 +14,7 @@ from service.settings import Settings
 from tests.service.conftest import bearer, serve_in_thread, tiny_spec
 
 N_CLIENTS = 50
+pytestmark = pytest.mark.server
 
 
 @pytest.fixture

@@ -76,6 +76,7 @@ def status_and_body(answer: bytes) -> tuple[int, dict | None]:
     return status, json.loads(body) if body else None
 
 
+@pytest.mark.server
 def test_a_connection_that_never_finishes_its_headers_gets_408_and_is_closed(tmp_path):
     with guarded_server(tmp_path, header_timeout_s=0.5) as server, connect(server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -84,6 +85,7 @@ def test_a_connection_that_never_finishes_its_headers_gets_408_and_is_closed(tmp
     assert body["error"]["code"] == "request_timeout"
 
 
+@pytest.mark.server
 def test_headers_trickled_byte_by_byte_are_bounded_by_the_header_timeout(tmp_path):
     with guarded_server(tmp_path, header_timeout_s=0.5) as server, connect(server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -91,11 +93,13 @@ def test_headers_trickled_byte_by_byte_are_bounded_by_the_header_timeout(tmp_pat
     assert status == 408
 
 
+@pytest.mark.server
 def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(tmp_path):
     with guarded_server(tmp_path, header_timeout_s=0.5) as server, connect(server) as sock:
         assert read_until_closed(sock) == b""
 
 
+@pytest.mark.server
 def test_a_keep_alive_connection_times_out_its_next_request_headers_too(tmp_path):
     with guarded_server(tmp_path, header_timeout_s=0.5, keep_alive_s=30) as server, \
             connect(server) as sock:
@@ -107,6 +111,7 @@ def test_a_keep_alive_connection_times_out_its_next_request_headers_too(tmp_path
     assert status == 408
 
 
+@pytest.mark.server
 def test_a_trickled_body_gets_408_after_the_body_timeout(tmp_path):
     with guarded_server(tmp_path, body_timeout_s=0.5) as server, connect(server) as sock:
         sock.sendall(b"POST /v1/studies HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -116,6 +121,7 @@ def test_a_trickled_body_gets_408_after_the_body_timeout(tmp_path):
     assert body["error"]["code"] == "request_timeout"
 
 
+@pytest.mark.server
 def test_a_trickled_body_nobody_reads_is_closed_after_the_body_timeout(tmp_path):
     with guarded_server(tmp_path, body_timeout_s=0.5, keep_alive_s=30) as server, \
             connect(server) as sock:
@@ -124,6 +130,7 @@ def test_a_trickled_body_nobody_reads_is_closed_after_the_body_timeout(tmp_path)
     assert answer.startswith(b"HTTP/1.1 200 ")  # answered, then closed
 
 
+@pytest.mark.server
 def test_beyond_the_connection_limit_a_request_gets_503_in_the_error_shape(tmp_path):
     with guarded_server(tmp_path, max_connections=2, header_timeout_s=60) as server:
         holders = [connect(server), connect(server)]

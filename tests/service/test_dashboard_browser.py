@@ -23,8 +23,9 @@ from service.auth import create_token
 from tests.service.conftest import bearer, free_port, serve_in_thread, tiny_spec
 
 CHROMIUM = os.environ.get("HPO_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                                reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+pytestmark = [pytest.mark.server,
+              pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                                 reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")]
 
 
 class Chromium:

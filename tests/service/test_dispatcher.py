@@ -302,6 +302,7 @@ def test_shutdown_interrupts_the_drivers_its_thread_started_instead_of_killing_t
     assert proc.returncode == 0, f"the driver ended with {proc.returncode}"
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_warm_driver_whose_cluster_went_away_starts_afresh_and_fails_the_study_clearly(
         world):

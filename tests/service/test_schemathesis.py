@@ -23,6 +23,7 @@ from service.auth import create_token
 from tests.service.test_connection_limits import guarded_server
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
+pytestmark = pytest.mark.server
 
 
 @pytest.mark.parametrize("admin", [True, False], ids=["admin", "member"])

@@ -28,6 +28,7 @@ def test_digits_split_is_stratified_and_seeded():
     assert (again.tensors[1] == val.tensors[1]).all()
 
 
+@pytest.mark.slow  # 60-75 s on 2 cores
 def test_charlm_default_corpus_is_the_stdlib_and_val_loss_falls_below_unigram_entropy(tmp_path):
     assert len(stdlib_files()) > 100
     task, config = create("charlm", {"cache_dir": str(tmp_path)})
