@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import subprocess
@@ -9,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 from typer.testing import CliRunner
 
 import trainers
 from hpo.cli import app
+from hpo.scaffold import ScaffoldError, check_name, module_name
 from trainers.contract import RULES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +61,15 @@ CASES = {  # class: (rules that do not pass, the FAIL line's start)
                         "no such layer: Linear3000"),
     "WrongBoundTask": ({"bounds": "FAIL"},
                        "FAIL bounds [Options]: option width documents 64 as valid"),
+    # the training rules cannot run when the loop's evaluation has no objective to read
+    "MissingObjectiveTask": ({"metrics": "FAIL", "determinism": "SKIP", "resume": "SKIP",
+                              "accumulation": "SKIP"},
+                             "FAIL metrics [Task.eval_sums / Task.eval_metrics]: the task "
+                             "declares ['val_loss', 'val_mae'] but eval_metrics returns "
+                             "['val_loss']"),
+    "NoisyLossTask": ({"loss-sum": "FAIL", "accumulation": "SKIP"},
+                      "FAIL loss-sum [Task.loss_sum]: loss_sum is not deterministic: the same "
+                      "batch of 8 items gave "),
 }
 
 
@@ -80,6 +92,22 @@ def test_a_mean_loss_is_refused_saying_why_a_sum_and_how_to_write_one():
     assert 'reduction="sum"' in line and "mask of real tokens" in line
 
 
+def test_a_rule_whose_premise_failed_is_skipped_naming_the_premise():
+    _, lines, _ = check(f"{BROKEN}:MissingObjectiveTask")
+    skipped = [line for line in lines if line.startswith("SKIP")]
+    assert skipped == ["SKIP determinism: needs metrics", "SKIP resume: needs metrics, "
+                       "determinism", "SKIP accumulation: needs metrics, determinism"]
+    assert not any("KeyError" in line for line in lines)
+
+
+def test_a_nondeterministic_loss_is_called_so_not_a_mean():
+    _, lines, _ = check(f"{BROKEN}:NoisyLossTask")
+    line = next(line for line in lines if line.startswith("FAIL loss-sum"))
+    assert "mean" not in line and "divided twice" not in line
+    assert "with the model in eval mode" in line and "Fix: " in line
+    assert "SKIP accumulation: needs loss-sum" in lines
+
+
 @pytest.mark.parametrize("target", ["tests.trainers.toy_tasks:RegressionTask",
                                     "tests.trainers.toy_tasks:TokenTask"])
 def test_check_passes_tasks_that_keep_the_contract(target):
@@ -93,12 +121,19 @@ def test_check_passes_tasks_that_keep_the_contract(target):
     ("no-such-task", "unknown task 'no-such-task'"),
     ("no_such_module_12:Task", "cannot import 'no_such_module_12:Task': ModuleNotFoundError"),
     ("tests.trainers.toy_tasks:flat_params", "is not a trainers.Task subclass"),
+    ("trainers:Task", "'trainers:Task' names the abstract base Task; give your subclass"),
+    ("trainers.tasks.base:Task", "names the abstract base Task; give your subclass"),
+    (f"{BROKEN}:AbstractRegressionTask", f"'{BROKEN}:AbstractRegressionTask' names an "
+                                         "abstract class (abstract: loss_sum); give a "
+                                         "subclass that defines them"),
 ])
 def test_a_target_that_names_no_task_fails_the_import_rule(target, why):
     result, lines, statuses = check(target)
     assert result.exit_code == 1
     assert statuses == {"import": "FAIL", **{r: "SKIP" for r in RULES[1:]}}
     assert lines[0].startswith("FAIL import [entry point / module]: ") and why in lines[0]
+    # an abstract class is found: installing it again would not help
+    assert ("pip install DIR" in lines[0]) is ("abstract" not in why)
 
 
 # -- the scaffold -----------------------------------------------------------------------------
@@ -107,6 +142,11 @@ def test_a_target_that_names_no_task_fails_the_import_rule(target, why):
 @pytest.mark.parametrize("name, why", [
     ("My Task", "must be 1-40 characters of a-z, 0-9, _ and -"),
     ("9lives", "starting with a letter"),
+    # pip refuses a distribution name ending in - or _ (PEP 508)
+    ("a-b-c-", "ending with a letter or digit"),
+    ("x_", "ending with a letter or digit"),
+    ("a--b", "no two of _ and - in a row"),
+    ("a_-b", "no two of _ and - in a row"),
     ("class", "is a Python keyword"),
     ("digits", "a task named 'digits' is already registered"),
     ("json", "a module named 'json' is already importable here"),
@@ -117,6 +157,59 @@ def test_new_refuses_a_bad_name_naming_the_argument(tmp_path, name, why):
     assert result.output.startswith("error: NAME: ")
     assert why in " ".join(result.output.split())
     assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.parametrize("name", ["a", "x1", "my-task", "a_b-c", "a1-b2_c3", "z" * 40])
+def test_new_accepts_names_that_name_a_distribution_a_module_and_an_entry_point(name):
+    check_name(name, [])
+    assert canonicalize_name(name, validate=True) == name.replace("_", "-")  # PEP 508, as pip
+    assert module_name(name).isidentifier()
+
+
+@pytest.mark.parametrize("name", ["a-b-c-", "x_", "a--b", "a__b", "-a", "_a", "a" * 41, "a.b"])
+def test_new_refuses_every_name_pip_or_python_would_mangle(name):
+    with pytest.raises(ScaffoldError, match="^NAME: "):
+        check_name(name, [])
+
+
+def test_new_refuses_a_directory_inside_a_file(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    result = runner.invoke(app, ["task", "new", "fresh-task", str(tmp_path / "afile" / "sub")])
+    assert result.exit_code == 2
+    assert result.output == f"error: DIR: cannot create {tmp_path / 'afile' / 'sub'}: Not a " \
+                            "directory\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_new_refuses_a_directory_that_cannot_be_created():
+    result = runner.invoke(app, ["task", "new", "fresh-task", "/proc/hpo-task-new"])
+    assert result.exit_code == 2
+    assert result.output == "error: DIR: cannot create /proc/hpo-task-new: No such file or " \
+                            "directory\n"
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch, existing):
+    """Disk full on the third file: what was written is removed; a DIR given empty stays."""
+    directory = tmp_path / "new" / "pkg"
+    if existing:
+        directory.mkdir(parents=True)
+    write_text, n_written = Path.write_text, []
+
+    def full_disk(self, text, *args, **kwargs):
+        if len(n_written) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        n_written.append(self)
+        return write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    result = runner.invoke(app, ["task", "new", "fresh-task", str(directory)])
+    assert result.exit_code == 2
+    assert result.output == f"error: DIR: cannot write {directory / 'fresh_task' / '__init__.py'}" \
+                            ": No space left on device\n"
+    assert [p.name for p in tmp_path.iterdir()] == (["new"] if existing else [])
+    assert not existing or list(directory.iterdir()) == []
 
 
 def test_new_refuses_a_non_empty_directory(tmp_path):

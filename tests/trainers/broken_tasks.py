@@ -5,6 +5,7 @@ Each is the toy regression task (which keeps every rule) with one fault.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 import threading
@@ -89,3 +90,26 @@ class WrongBoundTask(RegressionTask):
     """Documents ``width`` up to 64 but refuses more than 32."""
 
     Options = WrongBoundOptions
+
+
+class MissingObjectiveTask(RegressionTask):
+    """Declares ``val_mae`` as its objective but ``eval_metrics`` never returns it: the loop,
+    which reads the objective after each evaluation, cannot train the task."""
+
+    metrics = {"val_loss": "minimize", "val_mae": "minimize"}
+    objective = "val_mae"
+
+
+class NoisyLossTask(RegressionTask):
+    """``loss_sum`` adds noise from the global RNG: the same batch twice gives two losses
+    (two runs from one seed are still identical: the loop seeds that RNG)."""
+
+    def loss_sum(self, model, batch) -> torch.Tensor:
+        return super().loss_sum(model, batch) + 0.5 + torch.rand(())
+
+
+class AbstractRegressionTask(RegressionTask):
+    """A base for other tasks: ``loss_sum`` is left to its subclasses."""
+
+    @abc.abstractmethod
+    def loss_sum(self, model, batch) -> torch.Tensor: ...

@@ -3,14 +3,33 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch.utils.data
 
 import trainers.contract._static as static
-from tests.trainers.broken_tasks import BuildRaisesTask, MissingMetricTask
+from tests.trainers.broken_tasks import (
+    AbstractRegressionTask,
+    BuildRaisesTask,
+    MeanLossTask,
+    MissingMetricTask,
+    MissingObjectiveTask,
+    NoisyLossTask,
+)
 from tests.trainers.toy_tasks import RegressionTask
-from trainers import TrainConfig
-from trainers.contract import RULES, RuleResult, check_target, creation_violations
+from trainers import Task, TrainConfig
+from trainers.contract import (
+    RULES,
+    WHY_SUM,
+    RuleResult,
+    TaskLoadError,
+    check_target,
+    check_task,
+    creation_violations,
+    load_task,
+)
 from trainers.contract import documented_bounds as bounds
 from trainers.fields import FieldInfo
 
@@ -85,3 +104,35 @@ def test_creation_builds_no_model_above_the_parameter_limit(monkeypatch):
     assert creation_violations(MissingMetricTask(), CONFIG) == []
     monkeypatch.setattr(static, "CREATION_CHECK_MAX_PARAMS", 49)
     assert [r.rule for r in creation_violations(MissingMetricTask(), CONFIG)] == ["metrics"]
+
+
+@pytest.mark.parametrize("cls, why", [
+    (Task, "'x:T' names the abstract base Task; give your subclass"),
+    (AbstractRegressionTask, "'x:T' names an abstract class (abstract: loss_sum); give a "
+                             "subclass that defines them"),
+])
+def test_load_task_refuses_abstract_classes(monkeypatch, cls, why):
+    monkeypatch.setitem(sys.modules, "x", types.SimpleNamespace(T=cls))
+    with pytest.raises(TaskLoadError) as raised:
+        load_task("x:T")
+    assert str(raised.value) == why and raised.value.fix == ""
+
+
+def test_a_loss_that_differs_on_the_same_batch_is_not_called_a_mean():
+    result = static._check_loss_sum(NoisyLossTask())
+    assert (result.status, result.method) == ("FAIL", "Task.loss_sum")
+    assert result.detail.startswith("loss_sum is not deterministic: the same batch of 8 items "
+                                    "gave ")
+    assert WHY_SUM not in result.detail
+    assert static._check_loss_sum(MeanLossTask()).detail.startswith("loss_sum returns a mean")
+
+
+def test_the_training_rules_need_the_objective_not_every_metric():
+    statuses = {r.rule: r.line() for r in check_task(MissingObjectiveTask) if not r.ok}
+    assert statuses == {
+        "metrics": "FAIL metrics [Task.eval_sums / Task.eval_metrics]: the task declares "
+                   "['val_loss', 'val_mae'] but eval_metrics returns ['val_loss']. Fix: "
+                   "return exactly the keys of metrics",
+        "determinism": "SKIP determinism: needs metrics",
+        "resume": "SKIP resume: needs metrics, determinism",
+        "accumulation": "SKIP accumulation: needs metrics, determinism"}

@@ -101,12 +101,14 @@ def _check_bounds(task_cls: type[Task]) -> RuleResult:
     return _pass("bounds", f"{tried} bound(s)" if tried else "no option documents a bound")
 
 
-def _check_metrics(task: Task) -> RuleResult:
+def _check_metrics(task: Task, evaluated: dict[str, float]) -> RuleResult:
+    """The metrics rule; the metrics it found are put in ``evaluated``."""
     config = _config(task, max_updates=1)
     _, val_set = task.datasets(config.seed)
     torch.manual_seed(0)
     model = task.build_model(config)
     metrics = evaluate(task, model, val_set, dist_info("cpu"), nullcontext, 8)
+    evaluated.update(metrics)
     declared, returned = set(task.metrics), set(metrics)
     if declared != returned:
         return _fail("metrics", f"the task declares {sorted(declared)} but eval_metrics "
@@ -125,6 +127,9 @@ def _check_metrics(task: Task) -> RuleResult:
 # -- loss-sum, mutable options ----------------------------------------------------------------
 
 
+LOSS_SUM_RTOL, LOSS_SUM_ATOL = 1e-5, 1e-6  # fp32 sums in another order: a few ulps
+
+
 @torch.no_grad()
 def _check_loss_sum(task: Task) -> RuleResult:
     config = _config(task, max_updates=1)
@@ -135,11 +140,20 @@ def _check_loss_sum(task: Task) -> RuleResult:
     whole = task.loss_sum(model, _batch(task, train_set, 0, 2 * m))
     if not (isinstance(whole, torch.Tensor) and whole.dim() == 0):
         return _fail("loss-sum", "must return a 0-dim tensor (the sum over the batch's items)")
+    # comparing a batch with its halves needs the loss to be a function of the batch
+    again = float(task.loss_sum(model, _batch(task, train_set, 0, 2 * m)))
+    whole_f = float(whole)
+    if not math.isclose(whole_f, again, rel_tol=LOSS_SUM_RTOL, abs_tol=LOSS_SUM_ATOL):
+        return _fail("loss-sum", f"loss_sum is not deterministic: the same batch of {2 * m} "
+                     f"items gave {whole_f:.6g}, then {again:.6g}, with the model in eval "
+                     "mode (no dropout) and no gradients. Fix: compute the loss from the model "
+                     "and the batch only: draw no random numbers in loss_sum (or only while "
+                     "model.training), and keep no state between calls")
     halves = [float(task.loss_sum(model, _batch(task, train_set, i * m, m))) for i in (0, 1)]
-    whole_f, total = float(whole), sum(halves)
-    if math.isclose(whole_f, total, rel_tol=1e-5, abs_tol=1e-6):
+    total = sum(halves)
+    if math.isclose(whole_f, total, rel_tol=LOSS_SUM_RTOL, abs_tol=LOSS_SUM_ATOL):
         return _pass("loss-sum")
-    if math.isclose(whole_f, total / 2, rel_tol=1e-5, abs_tol=1e-6):
+    if math.isclose(whole_f, total / 2, rel_tol=LOSS_SUM_RTOL, abs_tol=LOSS_SUM_ATOL):
         return _fail("loss-sum", f"loss_sum returns a mean (batch of {2 * m}: {whole_f:.6g}; "
                      f"its halves: {halves[0]:.6g} + {halves[1]:.6g}). Why a sum: {WHY_SUM}")
     return _fail("loss-sum", f"the loss of a batch of {2 * m} ({whole_f:.6g}) is not the sum "
