@@ -53,7 +53,9 @@ def pytest_collection_finish(session) -> None:
 
 def _ray_sessions() -> set[str]:
     root = _ray_tmp / "ray" if _ray_tmp else None
-    return {p.name for p in root.glob("session_*")} if root and root.is_dir() else set()
+    if not (root and root.is_dir()):
+        return set()
+    return {p.name for p in root.glob("session_*") if p.name != "session_latest"}
 
 
 def _refuse(what: str, marker: str):
