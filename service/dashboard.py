@@ -25,6 +25,10 @@ its own, and many of its routes write: create, rename and delete studies,
     every route that reads one study by its id (``/api/studies/ID``,
     ``.../param_importances``, ``.../plot/KIND``, ``/csv/ID``,
     ``/artifacts/ID/...``): another owner's study answers 404;
+    for a non-admin token (and open reads) the study detail and its CSV
+    (``/api/studies/ID``, ``/csv/ID``) leave out the trials' ``checkpoint``
+    attribute, a server path, as ``/v1`` does (the plots' hover texts of
+    ``plot/pareto_front`` and ``plot/timeline`` still carry it);
   - writes, for admin tokens only: the study's note and its trials' notes
     (``PUT /api/studies/ID/note``, ``PUT /api/studies/ID/TRIAL/note``), which
     only the dashboard reads.
@@ -47,10 +51,14 @@ its own, and many of its routes write: create, rename and delete studies,
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import enum
+import functools
+import io
 import json
 import re
+from collections.abc import Callable
 from urllib.parse import quote
 
 import bottle
@@ -68,6 +76,7 @@ from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve
 from service.db import StudyRow
 from service.errors import NotAuthenticated
+from service.schemas import HIDDEN_TRIAL_ATTRS
 from service.settings import Settings
 
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -127,6 +136,7 @@ class Route:
 
     access: Access | None
     args: dict
+    rule: str = ""
 
 
 class DashboardGate:
@@ -159,15 +169,15 @@ class DashboardGate:
             answer = await self._check(request)
         if isinstance(answer, Response):
             await answer(scope, receive, send)
-        elif answer is not None:  # the owned study ids the list is filtered to
+        elif answer is not None:  # a rewrite of the answer's body
             head = scope["method"] == "HEAD"
             await self.app({**scope, "method": "GET"}, receive,
                            _Filter(send, answer, head).send)
         else:
             await self.app(scope, receive, send)
 
-    async def _check(self, request: Request) -> Response | set[int] | None:
-        """A refusal, the study ids to filter the list to, or ``None`` to let it through."""
+    async def _check(self, request: Request) -> Response | Rewrite | None:
+        """A refusal, a rewrite of the answer's body, or ``None`` to let it through."""
         route = self._route(request.method, request.url.path)
         if isinstance(route, Route) and route.access is Access.PUBLIC:
             return None
@@ -188,14 +198,17 @@ class DashboardGate:
         if route.access is Access.NOTE and not who.is_admin:
             return error_response(403, "forbidden",
                                   "the dashboard is read-only for non-admin tokens")
-        if self._sees_all(who) or route.access is Access.PAGE:
+        if route.access is Access.PAGE:
             return None
+        hide = None if who.is_admin else HIDING.get(route.rule)
+        if self._sees_all(who):
+            return hide
         owned = await self._owned_ids(who)
         if route.access is Access.LIST:
-            return owned
+            return functools.partial(_owned_studies, owned)
         if route.args["study_id"] not in owned:
             return error_response(404, "not_found", f"no study with id {route.args['study_id']}")
-        return None
+        return hide
 
     def _route(self, method: str, path: str) -> Route | Response:
         """The route the dashboard's router picks for ``method`` and ``path``, or its error."""
@@ -210,7 +223,7 @@ class DashboardGate:
             if e.status_code == 404:
                 return error_response(404, "not_found", f"no such path: {path}")
             return error_response(400, "bad_request", f"malformed path: {path}")
-        return Route(ALLOWED.get((target.method, target.rule)), args)
+        return Route(ALLOWED.get((target.method, target.rule)), args, target.rule)
 
     async def _principal(self, request: Request) -> tuple[Principal, bool]:
         """Who calls, and whether the cookie (not a bearer header) said so."""
@@ -246,13 +259,55 @@ def _with_accept_encoding(headers: list[tuple[bytes, bytes]]) -> list[tuple[byte
     return [*headers, (b"accept-encoding", b"identity")]
 
 
-class _Filter:
-    """Wraps ``send`` to keep only owned studies in the ``/api/studies`` answer; with ``head``,
-    sends its headers (the filtered ``content-length``) and no body."""
+Rewrite = Callable[[bytes], bytes]  # a 200 answer's body -> the body sent
 
-    def __init__(self, send, owned: set[int], head: bool) -> None:
+
+def _owned_studies(owned: set[int], body: bytes) -> bytes:
+    """The ``/api/studies`` answer with only the studies in ``owned``."""
+    data = json.loads(body)
+    data["study_summaries"] = [s for s in data.get("study_summaries", [])
+                               if s.get("study_id") in owned]
+    return json.dumps(data).encode()
+
+
+def _hide_attrs_in_study(body: bytes) -> bytes:
+    """The ``/api/studies/ID`` answer without the trials' hidden user attributes
+    (:data:`service.schemas.HIDDEN_TRIAL_ATTRS`: the ``checkpoint`` server path), as ``/v1``."""
+    data = json.loads(body)
+    for trial in [*data.get("trials", []), *data.get("best_trials", [])]:
+        trial["user_attrs"] = [a for a in trial.get("user_attrs", [])
+                               if a.get("key") not in HIDDEN_TRIAL_ATTRS]
+    data["union_user_attrs"] = [a for a in data.get("union_user_attrs", [])
+                                if a.get("key") not in HIDDEN_TRIAL_ATTRS]
+    return json.dumps(data).encode()
+
+
+def _hide_attrs_in_csv(body: bytes) -> bytes:
+    """The ``/csv/ID`` answer without the columns of hidden user attributes."""
+    rows = list(csv.reader(io.StringIO(body.decode(), newline="")))
+    hidden = {f"UserAttribute {key}" for key in HIDDEN_TRIAL_ATTRS}
+    keep = [i for i, name in enumerate(rows[0] if rows else []) if name not in hidden]
+    out = io.StringIO()
+    csv.writer(out).writerows([[row[i] for i in keep if i < len(row)] for row in rows])
+    return out.getvalue().encode()
+
+
+# the answers that carry trials' user attributes, rewritten for non-admin tokens (the
+# pareto_front and timeline plots' hover texts carry them too, as text inside plotly
+# figures: not rewritten)
+HIDING: dict[str, Rewrite] = {
+    "/api/studies/<study_id:int>": _hide_attrs_in_study,
+    "/csv/<study_id:int>": _hide_attrs_in_csv,
+}
+
+
+class _Filter:
+    """Wraps ``send`` to send a 200 answer's body through ``rewrite``; with ``head``, sends
+    its headers (the rewritten body's ``content-length``) and no body."""
+
+    def __init__(self, send, rewrite: Rewrite, head: bool) -> None:
         self._send = send
-        self.owned = owned
+        self.rewrite = rewrite
         self.head = head
         self.start: dict | None = None
         self.chunks: list[bytes] = []
@@ -269,10 +324,7 @@ class _Filter:
             return
         body = b"".join(self.chunks)
         if self.start["status"] == 200:
-            data = json.loads(body)
-            data["study_summaries"] = [s for s in data.get("study_summaries", [])
-                                       if s.get("study_id") in self.owned]
-            body = json.dumps(data).encode()
+            body = self.rewrite(body)
         headers = [(k, v) for k, v in self.start["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await self._send({**self.start, "headers": headers})

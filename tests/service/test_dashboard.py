@@ -285,3 +285,60 @@ def test_static_files_answer_without_an_accept_encoding_header(client, method, p
     assert r.headers.get("content-encoding") is None
     assert int(r.headers["content-length"]) == len(expected)
     assert r.content == (b"" if method == "HEAD" else expected)
+
+
+CHECKPOINT = "/srv/hpo-runs/checkpointed/trial_0/checkpoint_000014"  # a server path
+
+
+@pytest.fixture
+def checkpointed(client, tokens, app) -> int:
+    """Alice's study with one trial holding a ``checkpoint`` attribute; its Optuna id."""
+    client.post("/v1/studies", json=tiny_spec("checkpointed"), headers=bearer(tokens["alice"]))
+    storage = app.state.components.studies.storage
+    study = optuna.load_study(study_name="checkpointed", storage=storage)
+    study.add_trial(optuna.trial.create_trial(
+        params={"lr": 0.01}, distributions={"lr": optuna.distributions.FloatDistribution(
+            1e-3, 0.1, log=True)},
+        value=0.5, user_attrs={"checkpoint": CHECKPOINT, "n_steps": 14}))
+    return study._study_id
+
+
+def _study_attrs(r) -> tuple[list, list, list]:
+    data = _strict_json(r.text)
+    return ([a["key"] for a in data["union_user_attrs"]],
+            [a["key"] for a in data["trials"][0]["user_attrs"]],
+            [a["key"] for a in data["best_trials"][0]["user_attrs"]])
+
+
+@pytest.mark.parametrize("path", ["/api/studies/{}", "/api/studies/{}/", "/api/studies/{}?after=0",
+                                  "//api//studies//{}"])
+def test_the_dashboard_hides_the_checkpoint_path_from_non_admin_tokens(client, tokens, checkpointed,
+                                                                       path):
+    alice = bearer(tokens["alice"])
+    url = ORIGIN + path.format(checkpointed)
+    r = client.get(url, headers=alice)
+    assert r.status_code == 200 and CHECKPOINT not in r.text
+    assert _study_attrs(r) == (["n_steps"], ["n_steps"], ["n_steps"])
+    head = client.head(url, headers=alice)
+    assert (head.status_code, head.content) == (200, b"")
+    assert int(head.headers["content-length"]) == len(r.content)
+    admin = client.get(url, headers=bearer(tokens["admin"]))  # admins see what the driver wrote
+    assert _study_attrs(admin) == (["checkpoint", "n_steps"],) * 3 and CHECKPOINT in admin.text
+
+
+def test_the_dashboard_csv_has_no_checkpoint_column_for_non_admin_tokens(client, tokens,
+                                                                         checkpointed):
+    r = client.get(f"/csv/{checkpointed}", headers=bearer(tokens["alice"]))
+    assert r.status_code == 200
+    assert r.text == ("Number,State,Value,Param lr,UserAttribute n_steps\r\n"
+                      "0,COMPLETE,0.5,0.01,14\r\n")
+    admin = client.get(f"/csv/{checkpointed}", headers=bearer(tokens["admin"]))
+    assert admin.text.splitlines()[0] == ("Number,State,Value,Param lr,UserAttribute checkpoint,"
+                                          "UserAttribute n_steps")
+
+
+def test_open_reads_hide_the_checkpoint_path_too(settings, tokens, checkpointed):
+    with TestClient(create_app(dataclasses.replace(settings, open_reads=True))) as c:
+        r = c.get(f"/api/studies/{checkpointed}")
+        assert r.status_code == 200 and CHECKPOINT not in r.text
+        assert CHECKPOINT not in c.get(f"/csv/{checkpointed}").text
