@@ -277,7 +277,7 @@ def in_distribution(param, value: Any) -> bool:
         return any(type(c) is type(value) and c == value for c in param.choices)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
-    if isinstance(param, IntParam) and not float(value).is_integer():
+    if isinstance(param, IntParam) and not isinstance(value, int):  # 2.0 is a float
         return False
     if not param.low <= value <= param.high:
         return False

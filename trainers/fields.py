@@ -95,8 +95,10 @@ def describe(cls: type) -> list[FieldInfo]:
 def coerce(info: FieldInfo, value: Any) -> Any:
     """Check ``value`` against ``info`` and return it in the field's type.
 
-    Integral floats are accepted for ``int`` fields (``3.0`` -> ``3``), integers
-    for ``float`` fields; booleans are never taken for numbers.
+    ``int`` fields take integers only: a float is refused even when integral
+    (``3.0``), as the spec's own integers are (a JSON client that sends ``3.0``
+    means a float); ``float`` fields take integers too; booleans are never taken
+    for numbers.
 
     Raises:
         ConfigError: the value has the wrong type, is not a valid choice, or is
@@ -116,8 +118,6 @@ def coerce(info: FieldInfo, value: Any) -> Any:
     elif info.kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
     elif info.kind == "float":
         if isinstance(value, int | float) and not isinstance(value, bool):
             if not math.isfinite(value):

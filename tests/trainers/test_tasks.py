@@ -127,3 +127,10 @@ def test_charlm_corpus_too_small_or_too_varied_is_named(tmp_path):
     with pytest.raises(ConfigError, match="distinct characters"):
         task.corpus()
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("name", ["max_epochs", "micro_batch_size", "seed", "width"])
+def test_create_refuses_a_float_for_an_int_field_even_when_integral(name):
+    with pytest.raises(ConfigError) as info:
+        create("digits", {name: 2.0})
+    assert (info.value.field, info.value.reason) == (name, "expected int, got float 2.0")
