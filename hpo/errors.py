@@ -7,6 +7,7 @@ called, into one of these; the service maps them to HTTP in one place.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 
 
@@ -24,7 +25,9 @@ class SpecError(HpoError, ValueError):
 
     def __init__(self, errors: Sequence[dict[str, str]]) -> None:
         # messages quote the offending values: bounded, whatever the input's size
-        self.errors = [{**e, "msg": _bounded(e["msg"])} for e in errors]
+        # and escaped: a key may hold a NUL or a lone surrogate, which no answer can encode
+        self.errors = [{**e, "loc": printable(e["loc"]), "msg": printable(_bounded(e["msg"]))}
+                       for e in errors]
         super().__init__("; ".join(f"{e['loc']}: {e['msg']}" if e["loc"] else e["msg"]
                                    for e in self.errors))
 
@@ -34,6 +37,22 @@ class SpecError(HpoError, ValueError):
     @classmethod
     def at(cls, loc: str, msg: str) -> SpecError:
         return cls([{"loc": loc, "msg": msg}])
+
+
+def unprintable(text: str) -> str | None:
+    """The first control character (NUL, newline, ...) or lone surrogate of ``text``, if any:
+    characters that JSON answers cannot encode as UTF-8 (surrogates) or that storages
+    refuse (PostgreSQL: NUL) or that forge log lines."""
+    return next((c for c in text if unicodedata.category(c) in ("Cc", "Cs")), None)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters and lone surrogates escaped (``\\x00``,
+    ``\\ud800``), so that it can be encoded as UTF-8 and shown on one line."""
+    if unprintable(text) is None:
+        return text
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) in ("Cc", "Cs") else c for c in text)
 
 
 def _bounded(text: str, limit: int = 1000) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -51,7 +52,7 @@ from hpo.algorithms import (
     Strict,
     TPESamplerSpec,
 )
-from hpo.errors import SpecError
+from hpo.errors import SpecError, printable, unprintable
 
 __all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "StudySpec", "load_spec", "parse_spec",
            "parse_text"]
@@ -59,12 +60,14 @@ __all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "StudySpec", "load_spec", "p
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 """Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""
 BUILTIN_RESOURCES = ("CPU", "GPU", "MEMORY")  # Ray's own; not custom resources
+RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
+"""Custom resource names: 1-64 ASCII letters, digits, ``_ . : / -``. Ray itself checks no
+characters (``node:10.0.0.1``, ``accelerator_type:A100`` are its own); a name outside this
+set could not be stored by every database (NUL) or asked of a node by ``ray start``."""
 MAX_CHOICES = 1000  # choices of one categorical parameter
 MAX_GRID_POINTS = 1e9  # values of one stepped float parameter
 MAX_EXACT_INT = 2**53  # ints of a search space: exact in float64, as Optuna's samplers compute
 MAX_TIMEOUT_S = 10 * 365.25 * 86400  # ten years
-
-
 
 
 # -- search space ------------------------------------------------------------------------
@@ -222,7 +225,10 @@ class Resources(Strict):
     @classmethod
     def _custom(cls, v: dict[str, float]) -> dict[str, float]:
         for name, amount in v.items():
-            if name.upper() in BUILTIN_RESOURCES or not name:
+            if not RESOURCE_PATTERN.fullmatch(name):
+                raise ValueError(f"{printable(name)!r} is not a resource name: 1-64 ASCII "
+                                 "letters, digits, _ . : / -")
+            if name.upper() in BUILTIN_RESOURCES:
                 raise ValueError(f"{name!r} is not a custom resource; use cpus or gpus")
             if not 0 < amount <= MAX_COUNT:
                 raise ValueError(f"{name}: must be in (0, {MAX_COUNT}], got {amount}")
@@ -307,6 +313,27 @@ def _msg(text: str) -> str:
     return text.removeprefix("Value error, ")
 
 
+def _text_errors(value: Any, loc: str) -> list[dict[str, str]]:
+    """Every key or string of the spec holding a control character or a lone surrogate:
+    no database keeps them all (PostgreSQL refuses NUL, UTF-8 has no surrogates)."""
+    def bad(text: str, where: str) -> list[dict[str, str]]:
+        c = unprintable(text)
+        return [] if c is None else [{"loc": where, "msg": f"holds U+{ord(c):04X} "
+                                      f"(a control character or lone surrogate); "
+                                      f"only printable text is accepted"}]
+
+    if isinstance(value, str):
+        return bad(value, loc)
+    errors: list[dict[str, str]] = []
+    items = (value.items() if isinstance(value, Mapping)
+             else enumerate(value) if isinstance(value, list | tuple) else ())
+    for key, item in items:
+        where = f"{loc}.{key}" if loc else str(key)
+        errors += bad(key, where) if isinstance(key, str) else []
+        errors += _text_errors(item, where)
+    return errors
+
+
 def parse_spec(data: Mapping[str, Any], *, check_task: bool = True) -> StudySpec:
     """Validate a spec given as a mapping.
 
@@ -320,6 +347,8 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True) -> StudySpec
     """
     if not isinstance(data, Mapping):
         raise SpecError.at("", f"a study spec must be a mapping, got {type(data).__name__}")
+    if errors := _text_errors(data, ""):
+        raise SpecError(errors)
     try:
         spec = StudySpec.model_validate(dict(data))
     except ValidationError as e:

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hpo.errors import SpecError, StorageError
+from hpo.errors import SpecError, StorageError, printable
 from service import errors as e
 from service.schemas import ErrorBody, ErrorDetail, ErrorInfo
 
@@ -67,9 +67,12 @@ def documented(*statuses: int) -> dict[int | str, dict]:
 
 def error_response(status: int, code: str, message: str,
                    details: list[dict] | None = None, headers: dict | None = None) -> JSONResponse:
-    """A JSON error answer of the one error shape."""
-    body = ErrorBody(error=ErrorInfo(code=code, message=message,
-                                     details=[ErrorDetail(**d) for d in details or []]))
+    """A JSON error answer of the one error shape; control characters and lone surrogates
+    of the message and of each detail's ``loc`` and ``msg`` are escaped (``\\ud800``), so
+    that every answer encodes as UTF-8 whatever the input quoted in it."""
+    details = [{"loc": printable(d["loc"]), "msg": printable(d["msg"])} for d in details or []]
+    body = ErrorBody(error=ErrorInfo(code=code, message=printable(message),
+                                     details=[ErrorDetail(**d) for d in details]))
     return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
 
 

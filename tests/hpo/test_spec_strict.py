@@ -78,3 +78,20 @@ def test_integers_are_kept_as_integers():
     spec = parse_spec(_spec("digits", config={"max_epochs": 2, "micro_batch_size": 64}))
     assert spec.config == {"max_epochs": 2, "micro_batch_size": 64}
     assert type(spec.config["max_epochs"]) is int
+
+
+@pytest.mark.parametrize("name", ["special", "node:10.0.0.1", "accelerator_type:A100",
+                                  "team/a-b_c.d", "x" * 64])
+def test_custom_resource_names_of_the_pattern_are_accepted(name):
+    spec = parse_spec({**BASE, "resources": {"custom": {name: 1.0}}})
+    assert spec.resources.custom == {name: 1.0}
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\ud800", "\x7f", "\x85"])
+def test_a_key_or_string_with_a_control_character_or_surrogate_is_refused_at_parse(bad):
+    with pytest.raises(SpecError) as info:
+        parse_spec({**BASE, "config": {"max_epochs": 2, f"k{bad}": 1}})
+    assert info.value.errors == [{
+        "loc": "config.k" + bad.encode("unicode_escape").decode("ascii"),
+        "msg": f"holds U+{ord(bad):04X} (a control character or lone surrogate); "
+               "only printable text is accepted"}]
