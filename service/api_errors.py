@@ -99,20 +99,16 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    log.warning("storage unavailable on %s %s: %s", request.method, _printable(request.url.path),
-                _printable(str(exc)))
+    log.warning("storage unavailable on %s %s: %s", request.method, printable(request.url.path),
+                printable(str(exc)))
     return error_response(503, "storage_unavailable", "the database is unavailable; retry later",
                           headers={"Retry-After": "2"})
 
 
 async def _internal(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, _printable(request.url.path))
+    log.exception("unhandled error on %s %s", request.method, printable(request.url.path))
     return error_response(500, "internal", "internal error")
 
-
-def _printable(text: str) -> str:
-    """``text`` with control characters (NUL, newlines: log injection) escaped."""
-    return text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
 
 
 def install(app: FastAPI) -> None:
