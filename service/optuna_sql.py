@@ -21,6 +21,7 @@ import dataclasses
 import datetime as dt
 import itertools
 import json
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -282,10 +283,12 @@ def best_trials(conn: sa.Connection, study_id: int) -> list[FrozenTrial]:
     ``Study.best_trial`` / ``Study.best_trials`` answer, without intermediate values
     (``intermediate_values`` empty); no COMPLETE trial: ``[]``.
 
-    One objective: 7 statements. Several: 8 statements, one of which reads the objective
+    One objective: 7 statements. Several: 9 statements, one of which reads the objective
     values of every COMPLETE trial (one row per trial and objective); the front is then
     found by Optuna's non-dominated sort over those values, among the feasible trials
-    where the study has constraints (``Trial.set_constraint``).
+    where the study has constraints (``Trial.set_constraint``). The front is kept
+    (:class:`_FrontCache`) until the study's COMPLETE trials change: 7 statements then,
+    none of which reads every trial.
     """
     directions = [_enum_name(d) for d in conn.execute(
         sa.select(study_directions.c.direction).where(study_directions.c.study_id == study_id)
@@ -293,8 +296,46 @@ def best_trials(conn: sa.Connection, study_id: int) -> list[FrozenTrial]:
     if len(directions) == 1:
         ids = _best_trial_id(conn, study_id, maximize=directions[0] == "MAXIMIZE")
     else:
-        ids = _pareto_front_ids(conn, study_id, [d == "MAXIMIZE" for d in directions])
+        ids = _FRONTS.get(conn, study_id, [d == "MAXIMIZE" for d in directions])
     return load_trials(conn, ids, intermediate=False)
+
+
+class _FrontCache:
+    """Pareto fronts by study, reused while the study's COMPLETE trials stay the same.
+
+    A COMPLETE trial never changes (Optuna refuses updates to a finished trial) and its
+    constraints are written before it completes, so the front changes only when the set
+    of COMPLETE trials does. That set is fingerprinted in one indexed aggregate (count,
+    sum of ids, latest completion), about 2 ms at 10k trials against about 50 ms for
+    reading every trial's values and sorting them; a study deleted and made again under
+    a reused id has other completion times. Thread-safe; the last ``size`` studies kept.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._fronts: dict[tuple[str, int], tuple[tuple, list[int]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, conn: sa.Connection, study_id: int, maximize: list[bool]) -> list[int]:
+        fingerprint = tuple(conn.execute(
+            sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(trials.c.trial_id), 0),
+                      sa.func.max(trials.c.datetime_complete))
+            .where(trials.c.study_id == study_id, trials.c.state == _COMPLETE)).one())
+        key = (conn.engine.url.render_as_string(hide_password=True), study_id)
+        with self._lock:
+            cached = self._fronts.get(key)
+        if cached is not None and cached[0] == fingerprint:
+            return cached[1]
+        ids = _pareto_front_ids(conn, study_id, maximize)
+        with self._lock:
+            self._fronts.pop(key, None)
+            self._fronts[key] = (fingerprint, ids)
+            while len(self._fronts) > self.size:
+                del self._fronts[next(iter(self._fronts))]
+        return ids
+
+
+_FRONTS = _FrontCache()
 
 
 def _best_trial_id(conn: sa.Connection, study_id: int, maximize: bool) -> list[int]:

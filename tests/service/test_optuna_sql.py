@@ -151,3 +151,32 @@ def test_pareto_front_equals_optunas_best_trials(db_url, directions, constrained
     assert 1 <= len(expected) < 40 and none == []
     assert [t.number for t in front] == [t.number for t in expected]
     assert [_plain(t) for t in front] == [_plain(t) for t in expected]  # no curves: MO
+
+
+def test_a_kept_pareto_front_follows_new_trials_and_a_study_made_again(db_url):
+    storage = open_storage(db_url)
+    engine = sa.create_engine(db_url)
+
+    def front(study: optuna.Study) -> list[int]:
+        with engine.connect() as conn:
+            return [t.number for t in optuna_sql.best_trials(conn, study._study_id)]
+
+    study = optuna.create_study(study_name="kept", storage=storage,
+                                directions=["minimize", "minimize"])
+    for values in ([2.0, 2.0], [3.0, 1.0]):
+        study.add_trial(optuna.trial.create_trial(values=values))
+    assert front(study) == [0, 1]
+    assert front(study) == [0, 1]  # kept
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))  # dominates both
+    assert front(study) == [2]
+    running = study.ask()
+    assert front(study) == [2]  # a trial that has not completed changes nothing
+    study.tell(running, [0.5, 3.0])
+    assert front(study) == [2, 3] == [t.number for t in study.best_trials]
+    optuna.delete_study(study_name="kept", storage=storage)
+    again = optuna.create_study(study_name="kept", storage=storage,
+                                directions=["minimize", "minimize"])
+    for values in ([5.0, 5.0], [4.0, 6.0], [9.0, 9.0], [6.0, 4.0]):
+        again.add_trial(optuna.trial.create_trial(values=values))
+    assert front(again) == [0, 1, 3] == [t.number for t in again.best_trials]
+    engine.dispose()
