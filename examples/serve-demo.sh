@@ -59,7 +59,7 @@ NAME=$("$BIN/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]
        "$SPEC")
 echo "== submitting $SPEC over REST (POST /v1/studies)"
 "$BIN/hpo" submit "$SPEC" --wait
-"$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" <<'PY'
+"$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" "${DEMO_KEEP:-0}" <<'PY'
 import sys
 
 import httpx
@@ -70,6 +70,8 @@ best = study["best_trial"]["value"]
 print(f"== best val_accuracy {best:.4f} (goal >= {minimum}); "
       f"{study['device_seconds']:.0f} CPU-seconds used")
 print(f"== dashboard: {url}{study['dashboard_url']} - log in with the token {token}")
+if sys.argv[5] != "1":
+    print("== (the server stops now; DEMO_KEEP=1 make demo keeps it serving the dashboard)")
 sys.exit(0 if best >= minimum else 1)
 PY
 
