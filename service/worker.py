@@ -165,6 +165,7 @@ def wait_for_study() -> list[str] | None:
     announce = os.fdopen(os.dup(1), "w")
     _redirect_output(os.devnull)  # whatever the imports or Ray print stays off that pipe
     from hpo.errors import ClusterError
+    from hpo.ray_private import ray_connection_alive
     from hpo.tune.driver import init_ray  # the seconds of imports a cold driver would spend
 
     address = Settings.from_env().ray_address
@@ -186,20 +187,6 @@ def wait_for_study() -> list[str] | None:
               f"cluster restarted or is gone); starting afresh", file=sys.stderr, flush=True)
         os.execv(sys.executable, [sys.executable, "-m", "service.worker", name, claim])
     return [name, claim]
-
-
-def ray_connection_alive(timeout_s: float = 5.0) -> bool:
-    """Whether this process's Ray connection still reaches the cluster it joined: one
-    key-value read from the GCS, which raises (``WrongClusterID``) after a restart of the
-    cluster, or times out when it is gone. False also where Ray moved that private API."""
-    import ray
-
-    try:
-        ray._private.worker.global_worker.gcs_client.internal_kv_get(
-            b"hpo-liveness", b"hpo", timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - any failure: start afresh rather than abort later
-        return False
-    return True
 
 
 def _redirect_output(path: str) -> None:
