@@ -24,10 +24,11 @@ Ray itself. What it guarantees, each point answering a trap of ray's
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
@@ -35,11 +36,20 @@ from optuna.trial import TrialState
 from hpo.errors import StudyExistsError
 from hpo.space import build_sampler, distributions
 from hpo.spec import StudySpec
-from hpo.storage import set_trial_user_attrs
+from hpo.storage import set_trial_user_attrs, trial_id_of
+
+log = logging.getLogger(__name__)
 
 SPEC_ATTR = "hpo_spec"
 RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopted trial resumes
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+class TrialListener(Protocol):
+    """Told of every trial the record changes (e.g. a summary kept current elsewhere)."""
+
+    def trial_changed(self, trial: optuna.trial.FrozenTrial) -> None:
+        """``trial`` as stored right after the change; an exception is logged and ignored."""
 
 
 @dataclasses.dataclass
@@ -117,15 +127,22 @@ class StudyRecord:
     Args:
         spec: the validated study spec.
         storage: the Optuna storage (``hpo.storage.open_storage``).
+        listener: told (``trial_changed``) after every write that changes a trial's
+            state or values: asked (RUNNING), adopted, requeued (the failed trial and
+            its new WAITING copy), finished (COMPLETE, PRUNED, FAIL), abandoned, and
+            after each recorded result. It gets the one trial re-read from the
+            storage; its exceptions are logged, never raised into the record.
 
     A trial's ``device_seconds`` is its wall time times the devices it holds: the
     GPUs (else CPUs) of each worker times the number of workers
     (``spec.resources``).
     """
 
-    def __init__(self, spec: StudySpec, storage: optuna.storages.BaseStorage) -> None:
+    def __init__(self, spec: StudySpec, storage: optuna.storages.BaseStorage,
+                 listener: TrialListener | None = None) -> None:
         self.spec = spec
         self.storage = storage
+        self.listener = listener
         self.study = open_study(spec, storage)
         self.study_id = storage.get_study_id_from_name(spec.name)
         self.distributions = distributions(spec)
@@ -148,7 +165,8 @@ class StudyRecord:
             self.study.enqueue_trial(dict(params))
         trial = self.study.ask(self.distributions)
         trial.set_user_attr("ray_trial_id", ray_trial_id)
-        self.trials[ray_trial_id] = TrialProgress(trial.number, trial._trial_id)
+        self.trials[ray_trial_id] = TrialProgress(trial.number, trial_id_of(trial))
+        self._changed(trial_id_of(trial))
         return dict(trial.params)
 
     def orphans(self) -> list[Orphan]:
@@ -172,6 +190,7 @@ class StudyRecord:
                                                   checkpoint=orphan.checkpoint)
         self.storage.set_trial_user_attr(orphan.trial_id, "ray_trial_id", ray_trial_id)
         self._bump(orphan.trial_id, "resumed_after_driver_loss")
+        self._changed(orphan.trial_id)
 
     def requeue(self, orphan: Orphan, reason: str) -> None:
         """End an orphan FAIL with ``reason`` and enqueue its parameters to run again.
@@ -181,12 +200,18 @@ class StudyRecord:
         set_trial_user_attrs(self.storage, orphan.trial_id,
                              {"fail_reason": reason, "requeued": True})
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
+        self._changed(orphan.trial_id)
         self.study.enqueue_trial(orphan.params, user_attrs={"requeued_from": orphan.number})
+        if self.listener is not None:  # the copy is the study's newest trial (one driver)
+            newest = self.storage.get_n_trials(self.study_id) - 1
+            self._changed(self.storage.get_trial_id_from_study_id_trial_number(
+                self.study_id, newest))
 
     def abandon(self, orphan: Orphan, reason: str) -> None:
         """End an orphan FAIL with ``reason``, without running it again (PBT populations)."""
         self.storage.set_trial_user_attr(orphan.trial_id, "fail_reason", reason)
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
+        self._changed(orphan.trial_id)
 
     def exploited(self, ray_trial_id: str, donor_ray_trial_id: str, step: int | None,
                   old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -219,6 +244,15 @@ class StudyRecord:
         if t is not None and not t.told:
             self.stopped_running(ray_trial_id)
             self._bump(t.trial_id, "restarts")
+
+    def _changed(self, trial_id: int) -> None:
+        """Tell the listener, if any, of one trial as stored now; never raise."""
+        if self.listener is None:
+            return
+        try:
+            self.listener.trial_changed(self.storage.get_trial(trial_id))
+        except Exception:  # noqa: BLE001 - a listener never breaks the record
+            log.exception("the record's listener failed on trial id %s", trial_id)
 
     def _bump(self, trial_id: int, key: str) -> None:
         count = self.storage.get_trial(trial_id).user_attrs.get(key, 0)
@@ -254,6 +288,7 @@ class StudyRecord:
         step = int(result["step"])
         if not t.values or t.values[-1] != (step, value) or math.isnan(value):
             self.storage.set_trial_intermediate_value(t.trial_id, step, value)
+            self._changed(t.trial_id)
         if not t.values or t.values[-1][0] != step:
             t.values.append((step, value))
         else:
@@ -351,6 +386,7 @@ class StudyRecord:
                              {k: v for k, v in attrs.items() if v is not None})
         self.study.tell(t.number, values, state=state, skip_if_finished=True)
         t.told = True
+        self._changed(t.trial_id)
         if state == TrialState.COMPLETE and not self.spec.is_multi_objective:
             value = values[0]
             maximize = self.spec.objectives[0].direction == "maximize"

@@ -92,6 +92,12 @@ def redact(url: str) -> str:
         return "<invalid URL>"
 
 
+def trial_id_of(trial: optuna.Trial) -> int:
+    """The storage id of a live ``trial`` (what ``BaseStorage`` methods take): Optuna
+    keeps it private, and reading it back by number would cost a query."""
+    return trial._trial_id
+
+
 def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
                          attrs: dict[str, object]) -> None:
     """Write several user attributes of one trial in a single transaction and statement.

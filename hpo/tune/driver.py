@@ -22,7 +22,7 @@ from ray.tune.search import BasicVariantGenerator
 import trainers
 from hpo.errors import ClusterError, SpecError
 from hpo.lease import DriverLease
-from hpo.record import Counts, Orphan, StudyRecord
+from hpo.record import Counts, Orphan, StudyRecord, TrialListener
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 from hpo.storage import open_storage
 from hpo.taskcode import task_code
@@ -213,7 +213,8 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
               results_dir: str | Path = DEFAULT_RESULTS_DIR, num_cpus: int | None = None,
               on_change: Callable[[StudyRecord], None] | None = None,
               should_stop: Callable[[], bool] | None = None,
-              should_interrupt: Callable[[], bool] | None = None) -> StudyOutcome:
+              should_interrupt: Callable[[], bool] | None = None,
+              listener: TrialListener | None = None) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
     Runtime checks (the cluster can hold a trial, warm-start sources, scheduler
@@ -234,6 +235,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         should_interrupt: polled likewise; when it returns true the driver stops
             and leaves its running trials RUNNING with their checkpoints, to be
             resumed by the next driver of the study (Ctrl-C, a service shutdown).
+        listener: told of every trial the record changes (``StudyRecord``).
 
     Raises:
         SpecError: the cluster cannot hold one trial, a warm-start source is
@@ -252,7 +254,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         init_ray(ray_address, num_cpus, runtime_env)
         check_resources(spec)
         cluster_checked = True
-    record = StudyRecord(spec, storage)
+    record = StudyRecord(spec, storage, listener=listener)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
     with DriverLease(record.study):
         enqueue_warm_start(record)

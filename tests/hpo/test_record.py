@@ -148,3 +148,52 @@ def test_given_params_are_used_as_they_are(sqlite_url):
     assert record.ask("r1", params={"lr": 0.0123}) == {"lr": 0.0123}
     assert _trial(record, "r1").params == {"lr": 0.0123}
     assert record.counts().running == 1
+
+
+class _Listener:
+    def __init__(self, fail: bool = False) -> None:
+        self.seen: list[tuple[int, TrialState, dict]] = []
+        self.fail = fail
+
+    def trial_changed(self, trial: optuna.trial.FrozenTrial) -> None:
+        self.seen.append((trial.number, trial.state, dict(trial.intermediate_values)))
+        if self.fail:
+            raise RuntimeError("listener down")
+
+
+def test_listener_hears_every_state_and_value_change(sqlite_url):
+    storage = open_storage(sqlite_url)
+    listener = _Listener()
+    record = StudyRecord(_spec("heard"), storage, listener=listener)
+    record.ask("r1")
+    record.result("r1", _result(10, 0.9))
+    record.result("r1", _result(10, 0.9))  # the same result again writes nothing
+    record.result("r1", _result(40, 0.5))
+    record.complete_or_prune("r1", "fifo")
+    record.ask("r2")
+    record.fail("r2", "boom")
+    record.ask("r3")  # left RUNNING: the next driver requeues it
+    record.ask("r4")
+    record.ask("r5")
+    RUNNING, COMPLETE, FAIL = TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL
+    assert listener.seen == [(0, RUNNING, {}), (0, RUNNING, {10: 0.9}),
+                             (0, RUNNING, {10: 0.9, 40: 0.5}),
+                             (0, COMPLETE, {10: 0.9, 40: 0.5}), (1, RUNNING, {}),
+                             (1, FAIL, {}), (2, RUNNING, {}), (3, RUNNING, {}),
+                             (4, RUNNING, {})]
+    listener.seen.clear()
+    later = StudyRecord(_spec("heard"), storage, listener=listener)
+    first, second, third = later.orphans()
+    later.requeue(first, "driver gone")
+    later.abandon(second, "population gone")
+    later.adopt("r9", third)
+    assert listener.seen == [(2, FAIL, {}), (5, TrialState.WAITING, {}), (3, FAIL, {}),
+                             (4, RUNNING, {})]
+
+
+def test_a_failing_listener_never_breaks_the_record(sqlite_url):
+    record = StudyRecord(_spec("deaf"), open_storage(sqlite_url), listener=_Listener(fail=True))
+    record.ask("r1")
+    record.result("r1", _result(40, 0.5))
+    assert record.complete_or_prune("r1", "fifo") == TrialState.COMPLETE
+    assert record.listener.seen[-1] == (0, TrialState.COMPLETE, {40: 0.5})
