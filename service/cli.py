@@ -50,9 +50,15 @@ def serve(host: Annotated[str | None, typer.Option(envvar="HPO_HOST")] = None,
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = _settings(**overrides)
     _check_database(settings.database_url)  # before the seconds of starting a local Ray
+    from service.errors import ServiceError
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
-    run_server(settings)
+    try:
+        run_server(settings)
+    except ServiceError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
 
 
 def token_create(name: Annotated[str, typer.Argument(help="a name for the token's owner")],
@@ -105,7 +111,7 @@ def _check_database(url: str) -> None:
 def _client(url: str, token: str | None):
     from service.client import Client
 
-    return Client(url, token)
+    return Client(url, token, on_wait=lambda message: err.print(message, highlight=False))
 
 
 def _fail(e) -> None:

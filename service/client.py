@@ -11,6 +11,8 @@ import httpx
 
 ENDED = ("COMPLETED", "STOPPED", "FAILED")
 DEFAULT_URL = "http://127.0.0.1:8000"
+START_WAIT_S = 30.0  # a starting `hpo serve` is waited for this long (seconds)
+RETRY_S = 0.5
 
 
 class ApiError(Exception):
@@ -37,12 +39,19 @@ class Client:
         url: the service's base URL, e.g. ``http://127.0.0.1:8000``.
         token: a token from ``hpo token create``.
         timeout_s: per request, in seconds (> 0).
+        start_wait_s: how long a refused connection is tried again, in seconds (>= 0):
+            a service that is starting (``hpo serve`` starts Ray first) is waited for.
+            A refused connection never carried the request, so a retried POST is sent once.
+        on_wait: called once with a message when the client starts waiting.
     """
 
     def __init__(self, url: str = DEFAULT_URL, token: str | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, start_wait_s: float = START_WAIT_S,
+                 on_wait: Callable[[str], None] | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.start_wait_s = start_wait_s
+        self.on_wait = on_wait
 
     def call(self, method: str, path: str, **kwargs) -> Any:
         """One request; the decoded JSON answer (``None`` for 204).
@@ -50,10 +59,24 @@ class Client:
         Raises:
             ApiError: an error answer, or no answer at all.
         """
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as e:
-            raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}") from None
+        deadline = time.monotonic() + self.start_wait_s
+        while True:
+            try:
+                response = self.http.request(method, path, **kwargs)
+                break
+            except httpx.ConnectError as e:
+                if time.monotonic() >= deadline:
+                    raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}"
+                                   f" (waited {self.start_wait_s:.0f} s; is `hpo serve` "
+                                   f"running there? set --url or HPO_URL)") from None
+                if self.on_wait is not None:
+                    self.on_wait(f"waiting up to {self.start_wait_s:.0f} s for the service at "
+                                 f"{self.http.base_url} to start ...")
+                    self.on_wait = None
+                time.sleep(RETRY_S)
+            except httpx.HTTPError as e:
+                raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}"
+                               ) from None
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]

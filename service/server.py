@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import gc
 import json
 import logging
 import signal
+import socket
 import subprocess
 import sys
 
@@ -68,16 +70,69 @@ def uvicorn_config(app, settings: Settings, **options) -> uvicorn.Config:
                           timeout_keep_alive=settings.keep_alive_s, **options)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``host:port`` now, before the seconds of starting Ray: a port in
+    use fails at once, and a client that connects while the service starts waits in the
+    listen backlog instead of being refused. The socket is not inherited by child processes.
+
+    Args:
+        host: an address or name to bind (``0.0.0.0`` for every IPv4 interface).
+        port: 0-65535 (0: any free port).
+
+    Raises:
+        ServiceError: the address is in use or cannot be bound; the message names
+            ``--port`` / ``HPO_PORT`` (or ``--host`` / ``HPO_HOST``).
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ServiceError(f"cannot bind host {host!r} ({e.strerror}): set --host or "
+                           f"HPO_HOST to an address of this machine") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        what = "is in use (another server?)" if e.errno == errno.EADDRINUSE else (
+            f"cannot be bound ({e.strerror})")
+        raise ServiceError(f"port {port} on {host} {what}: choose another with --port or "
+                           f"HPO_PORT") from None
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that logs where to go once it serves."""
+
+    def __init__(self, config: uvicorn.Config, url: str) -> None:
+        super().__init__(config)
+        self.url = url
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            log.info("ready: API %s/v1, docs %s/docs, dashboard %s/dashboard", self.url,
+                     self.url, self.url)
+
+
 def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM.
 
     Raises:
-        ServiceError: the local Ray head could not start.
+        ServiceError: the port is in use (before anything else starts), or the local Ray
+            head could not start.
         hpo.errors.StorageError: the database cannot be opened.
     """
     from service.app import create_app
 
     logging.getLogger("uvicorn.access").addFilter(RedactTokens())
+    sock = listen(settings.host, settings.port)
+    if settings.port == 0:
+        settings = dataclasses.replace(settings, port=sock.getsockname()[1])
     local_ray = None
     if not settings.ray_address:
         local_ray = LocalRay(settings.num_cpus)
@@ -97,8 +152,9 @@ def serve(settings: Settings) -> None:
         # the process exit 0 after a clean shutdown.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
-        uvicorn.Server(config).run()
+        _Server(config, settings.url).run(sockets=[sock])
     finally:
+        sock.close()
         if local_ray is not None:
             local_ray.stop()
 
@@ -112,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
     overrides = {k: v for k, v in vars(args).items() if v is not None}
-    serve(Settings.from_env(**overrides))
+    try:
+        serve(Settings.from_env(**overrides))
+    except ServiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

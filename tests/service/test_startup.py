@@ -1,0 +1,124 @@
+"""Startup (issue 14.5): a port in use fails before Ray starts, naming --port / HPO_PORT;
+the server logs where to go once ready; client commands wait for a starting server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from service import server as server_module
+from service.client import ApiError, Client
+from service.errors import ServiceError
+from service.settings import Settings
+from tests.service.conftest import free_port
+
+
+def test_a_port_in_use_fails_before_ray_starts_naming_the_option(tmp_path, monkeypatch):
+    def no_ray(*_args, **_kwargs):
+        raise AssertionError("the local Ray head was started although the port is in use")
+
+    monkeypatch.setattr(server_module, "LocalRay", no_ray)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        settings = Settings(database_url=f"sqlite:///{tmp_path / 'hpo.db'}", port=port,
+                            results_dir=tmp_path / "results")
+        with pytest.raises(ServiceError) as caught:
+            server_module.serve(settings)
+    message = str(caught.value)
+    assert message == (f"port {port} on 127.0.0.1 is in use (another server?): choose another "
+                       f"with --port or HPO_PORT")
+
+
+def test_an_unknown_host_names_the_option():
+    with pytest.raises(ServiceError, match="--host or HPO_HOST"):
+        server_module.listen("no-such-host.invalid", 0)
+
+
+def test_listen_binds_before_serving_and_hands_out_no_inheritable_socket():
+    sock = server_module.listen("127.0.0.1", 0)
+    try:
+        assert sock.getsockname()[1] > 0
+        assert not sock.get_inheritable()  # drivers and the Ray head do not hold the port
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass  # accepted into the backlog: a client of a starting server waits, not refused
+    finally:
+        sock.close()
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = json.dumps({"name": "s", "status": "QUEUED"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_client_waits_for_a_starting_server_and_says_so_once():
+    port = free_port()
+    said: list[str] = []
+    late = http.server.HTTPServer
+    servers = []
+
+    def start_late():
+        time.sleep(1.5)
+        servers.append(late(("127.0.0.1", port), _Answer))
+        servers[0].serve_forever()
+
+    thread = threading.Thread(target=start_late, daemon=True)
+    thread.start()
+    client = Client(f"http://127.0.0.1:{port}", start_wait_s=60, on_wait=said.append)
+    try:
+        assert client.study("s") == {"name": "s", "status": "QUEUED"}
+    finally:
+        client.close()
+        while not servers:
+            time.sleep(0.05)
+        servers[0].shutdown()
+    assert said == [f"waiting up to 60 s for the service at http://127.0.0.1:{port} to start ..."]
+
+
+def test_a_client_gives_up_after_its_wait_naming_the_url_option():
+    port = free_port()
+    client = Client(f"http://127.0.0.1:{port}", start_wait_s=0.5)
+    with pytest.raises(ApiError) as caught:
+        client.study("s")
+    assert caught.value.status == 0 and caught.value.code == "unreachable"
+    assert "set --url or HPO_URL" in str(caught.value)
+
+
+@pytest.mark.server
+def test_the_server_logs_its_addresses_once_ready(caplog):
+    async def app(scope, receive, send):  # a bare ASGI app: only the startup matters here
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+
+    sock = server_module.listen("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = server_module._Server(uvicorn.Config(app, log_level="warning"), url)
+    caplog.set_level(logging.INFO, logger="service.server")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    server.should_exit = True
+    thread.join(30)
+    sock.close()
+    assert f"ready: API {url}/v1, docs {url}/docs, dashboard {url}/dashboard" in caplog.messages
