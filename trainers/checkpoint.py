@@ -60,6 +60,7 @@ import torch
 
 from trainers.data import read_json, write_atomically
 from trainers.errors import CheckpointError
+from trainers.process import process_alive
 
 _NAME = re.compile(r"^checkpoint-(\d{8})$")
 _TMP = re.compile(r"^\.(tmp|trash)-.*-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -75,16 +76,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -176,7 +167,7 @@ def _prune(root: Path, keep_last: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
     for child in root.iterdir():  # leftovers of writers that died
         m = _TMP.match(child.name) or _TMP_FILE.match(child.name)
-        if m and int(m.group("pid")) != os.getpid() and not _pid_alive(int(m.group("pid"))):
+        if m and int(m.group("pid")) != os.getpid() and not process_alive(int(m.group("pid"))):
             if child.is_dir():
                 shutil.rmtree(child, ignore_errors=True)
             else:

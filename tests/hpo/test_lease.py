@@ -7,28 +7,40 @@ import time
 
 import optuna
 import pytest
+import sqlalchemy as sa
 
 from hpo.errors import SpecError, StudyBusyError
-from hpo.lease import LEASE_ATTR, STALE_AFTER_S, DriverLease
+from hpo.lease import LEASES, STALE_AFTER_S, DriverLease, create_table, read
 from hpo.storage import open_storage
 from hpo.tune.driver import run_study
 from tests.hpo.test_driver import toy_spec
 
 
-def _study(url: str) -> optuna.Study:
-    return optuna.create_study(study_name="leased", storage=open_storage(url))
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    storage = open_storage(url)
+    optuna.create_study(study_name="leased", storage=storage)
+    return storage
 
 
 def test_a_second_driver_is_refused_while_the_first_lives(sqlite_url):
-    study = _study(sqlite_url)
-    with DriverLease(study):
-        other = DriverLease(optuna.load_study(study_name="leased", storage=sqlite_url))
+    storage = _storage(sqlite_url)
+    with DriverLease(storage, "leased") as first:
+        other = DriverLease(open_storage(sqlite_url), "leased")
         with pytest.raises(StudyBusyError, match="being run by another driver"):
             other.__enter__()
-        assert study.user_attrs[LEASE_ATTR]["heartbeat"] > time.time() - 10
-    assert study.user_attrs[LEASE_ATTR] == {}  # released
-    with DriverLease(study):  # and free again
+        assert read(storage.engine, "leased").heartbeat_at > time.time() - 10
+        assert read(storage.engine, "leased").holder == first.holder
+    assert read(storage.engine, "leased").holder is None  # released
+    with DriverLease(storage, "leased"):  # and free again
         pass
+
+
+def _hold(engine, name: str, holder: str, host: str, pid: int, heartbeat_at: float) -> None:
+    create_table(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.delete(LEASES).where(LEASES.c.name == name))
+        conn.execute(sa.insert(LEASES).values(name=name, holder=holder, host=host, pid=pid,
+                                              heartbeat_at=heartbeat_at))
 
 
 @pytest.mark.parametrize("lease", [
@@ -36,20 +48,18 @@ def test_a_second_driver_is_refused_while_the_first_lives(sqlite_url):
     {"host": "elsewhere", "pid": 1, "heartbeat_age": STALE_AFTER_S + 5},  # silent too long
 ], ids=["dead-process", "stale-heartbeat"])
 def test_a_dead_drivers_lease_is_taken_over(sqlite_url, lease):
-    study = _study(sqlite_url)
+    storage = _storage(sqlite_url)
     age = lease.pop("heartbeat_age", 0)
-    study.set_user_attr(LEASE_ATTR, {"id": "old", "heartbeat": time.time() - age, **lease})
-    with DriverLease(study) as taken:
-        assert study.user_attrs[LEASE_ATTR]["id"] == taken.lease["id"]
+    _hold(storage.engine, "leased", "old", lease["host"], lease["pid"], time.time() - age)
+    with DriverLease(storage, "leased") as taken:
+        assert read(storage.engine, "leased").holder == taken.holder
 
 
 @pytest.mark.ray
 def test_run_study_refuses_a_busy_study(sqlite_url, tmp_path):
     spec = toy_spec("busy", budget={"n_trials": 1})
     run_study(spec, sqlite_url, results_dir=tmp_path)  # creates the study
-    study = optuna.load_study(study_name="busy", storage=sqlite_url)
-    study.set_user_attr(LEASE_ATTR, {"id": "x", "host": "elsewhere", "pid": 1,
-                                     "heartbeat": time.time()})
+    _hold(open_storage(sqlite_url).engine, "busy", "x", "elsewhere", 1, time.time())
     with pytest.raises(StudyBusyError):
         run_study(spec, sqlite_url, results_dir=tmp_path)
 
