@@ -24,9 +24,8 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
     The parent's pid comes from ``HPO_PARENT_PID``. Elsewhere than Linux this
     only checks the parent once; the driver's heartbeat checks it again. On Linux
-    "parent" means the parent's *thread* that started this process: the signal comes
-    when that thread exits (prctl(2)), so the parent must start such children from a
-    thread that outlives them (the dispatcher's).
+    "parent" means the parent's *thread* that started this process (prctl(2)): see
+    ``service.driver_process`` for what that asks of the service.
     """
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

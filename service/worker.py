@@ -1,12 +1,14 @@
 """A study driver process: ``python -m service.worker NAME CLAIM``, started by the dispatcher.
 
 The dispatcher keeps one driver warm (``--warm``): a process that has already
-imported Ray, torch and the driver (about 4 s) and waits on stdin for its study.
+imported Ray, torch and the driver (about 4 s) and waits on stdin for its study
+(``service.driver_process``, which also describes the pipes).
 
 It runs ``hpo.tune.driver.run_study`` on the study (joining the service's
-Ray cluster), and meanwhile, every ``HPO_HEARTBEAT_S`` seconds, writes a
-heartbeat to the study's row, reads its stop request, and checks that it
-still holds the claim ``CLAIM`` and that the service is still its parent. It
+Ray cluster), and meanwhile, every ``HPO_HEARTBEAT_S`` seconds, renews its claim
+``CLAIM`` (a lease, ``hpo.lease``, kept in the study's row) and reads the study's
+stop request in the same guarded update, and checks that the service is still
+its parent. It
 writes the study's end itself:
 
 * COMPLETED: the study reached its budget; STOPPED: a user asked it to stop;
@@ -22,10 +24,8 @@ dispatcher took the study over); 70 the service is gone.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import stat
 import sys
 import threading
 
@@ -33,8 +33,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 from hpo.errors import public_message
+from hpo.lease import while_held
 from hpo.spec import parse_spec
 from service.db import Status, StudyRow, build_engine, session_factory, utcnow
+from service.driver_process import CLAIMS, wait_for_study, watch_for_interrupt
 from service.process import die_with_parent, parent_gone
 from service.settings import Settings
 
@@ -77,37 +79,18 @@ class Heartbeat(threading.Thread):
     def beat(self) -> None:
         """One heartbeat; exits the process if the claim was lost."""
         with self.sessions.begin() as session:
-            stop = session.execute(
-                sa.update(StudyRow).where(StudyRow.name == self.study,
-                                          StudyRow.claimed_by == self.claim,
-                                          StudyRow.status == Status.RUNNING)
-                .values(heartbeat_at=utcnow()).returning(StudyRow.stop_requested)
-            ).scalar_one_or_none()
-        if stop is None:
+            row = while_held(session, CLAIMS, self.study, self.claim,
+                             guards=[StudyRow.status == Status.RUNNING],
+                             values={StudyRow.heartbeat_at: utcnow()},
+                             returning=[StudyRow.stop_requested])
+        if row is None:
             log.error("study %s: claim %s lost; exiting", self.study, self.claim)
             os._exit(EXIT_LOST_CLAIM)
-        if stop:
+        if row.stop_requested:
             self.stop_requested.set()
 
     def close(self) -> None:
         self._done.set()
-
-
-def watch_for_interrupt(event: threading.Event) -> None:
-    """Set ``event`` when the dispatcher writes ``interrupt`` to this process's stdin, or
-    closes it. Not a signal: Ray and Tune take SIGTERM, SIGINT and SIGUSR1 for themselves
-    once ``ray.init`` ran. Without a pipe on stdin (a driver started by hand) nothing
-    interrupts."""
-    if not stat.S_ISFIFO(os.fstat(sys.stdin.fileno()).st_mode):
-        return
-
-    def watch() -> None:
-        for line in sys.stdin:
-            if line.strip() == "interrupt":
-                break
-        event.set()
-
-    threading.Thread(target=watch, name="hpo-interrupt", daemon=True).start()
 
 
 def finish(sessions: sessionmaker, name: str, claim: str, status: Status,
@@ -115,11 +98,10 @@ def finish(sessions: sessionmaker, name: str, claim: str, status: Status,
     """Write the study's end (guarded by the claim)."""
     ended = utcnow() if status != Status.QUEUED else None
     with sessions.begin() as session:
-        session.execute(sa.update(StudyRow).where(
-            StudyRow.name == name, StudyRow.claimed_by == claim,
-            StudyRow.status == Status.RUNNING).values(
-            status=status, error=error, ended_at=ended, updated_at=utcnow(),
-            claimed_by=None if status == Status.QUEUED else claim))
+        while_held(session, CLAIMS, name, claim, guards=[StudyRow.status == Status.RUNNING],
+                   values={StudyRow.status: status, StudyRow.error: error,
+                           StudyRow.ended_at: ended, StudyRow.updated_at: utcnow(),
+                           StudyRow.claimed_by: None if status == Status.QUEUED else claim})
     log.info("study %s: %s%s", name, status, f" ({error})" if error else "")
 
 
@@ -148,55 +130,6 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
         finish(sessions, name, claim, Status.QUEUED)
     else:
         finish(sessions, name, claim, Status.STOPPED if outcome.stopped else Status.COMPLETED)
-
-
-def wait_for_study() -> list[str] | None:
-    """A warm driver: import Ray, torch and the driver now, join the cluster, write one
-    line on stdout (the only one it ever writes there): ``ready``, or ``unjoined`` when
-    the cluster cannot be joined now (``run_study`` then tries again and fails the study
-    with the reason). Then read ``NAME CLAIM LOG`` from stdin and send this process's
-    output to ``LOG``. ``None`` at end of input.
-
-    A connection made long before the study came may have gone stale (the cluster
-    restarted or went away: Ray then aborts the process at its first cluster query, or
-    waits 60 s for the old one). It is checked when the study comes; if stale, this
-    process becomes a cold driver of the study (same process id, same pipes).
-    """
-    announce = os.fdopen(os.dup(1), "w")
-    _redirect_output(os.devnull)  # whatever the imports or Ray print stays off that pipe
-    from hpo.errors import ClusterError
-    from hpo.ray_private import ray_connection_alive
-    from hpo.tune.driver import init_ray  # the seconds of imports a cold driver would spend
-
-    address = Settings.from_env().ray_address
-    joined = False
-    if address:
-        with contextlib.suppress(ClusterError):
-            init_ray(address)
-            joined = True
-    with contextlib.suppress(OSError):
-        announce.write("ready\n" if joined or not address else "unjoined\n")
-        announce.close()
-    line = sys.stdin.readline().split()
-    if len(line) != 3:
-        return None
-    name, claim, log_path = line
-    _redirect_output(log_path)
-    if joined and not ray_connection_alive():
-        print(f"warm driver: its connection to the Ray cluster at {address} is stale (the "
-              f"cluster restarted or is gone); starting afresh", file=sys.stderr, flush=True)
-        os.execv(sys.executable, [sys.executable, "-m", "service.worker", name, claim])
-    return [name, claim]
-
-
-def _redirect_output(path: str) -> None:
-    """Point this process's stdout and stderr (file descriptors 1 and 2) at ``path``."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

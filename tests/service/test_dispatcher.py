@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from service.app import create_app
 from service.auth import create_token
 from service.db import Status, StudyRow, utcnow
-from service.dispatcher import Dispatcher, Driver
+from service.dispatcher import Dispatcher
+from service.driver_process import DriverProcess
 from service.process import child_env
 from service.settings import Settings
 from tests.service.conftest import REPO, TestClient, bearer, tiny_spec
@@ -30,7 +31,8 @@ class RecordingDispatcher(Dispatcher):
     def _spawn(self, name: str, claim: str) -> None:
         self.started = getattr(self, "started", []) + [name]
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        self.drivers[name] = Driver(name, claim, proc, self.settings.results_dir / "none.log")
+        self.drivers[name] = DriverProcess(name, claim, proc,
+                                           self.settings.results_dir / "none.log")
         with self.sessions.begin() as session:
             session.execute(sa.update(StudyRow).where(StudyRow.name == name).values(
                 worker_pid=proc.pid))
@@ -248,25 +250,25 @@ def test_a_warm_driver_is_kept_while_idle_and_handed_the_next_study(world):
     d = Dispatcher(Settings(**{**dispatcher().settings.__dict__, "warm_drivers": True}),
                    app.state.components.sessions, app.state.components.studies)
     d.run_once()
-    spare = d.spare
+    spare = d.pool.spare
     assert spare is not None and spare.poll() is None
-    assert d.spare_said.done.wait(180), "the warm driver never said ready"
+    assert d.pool.wait_ready(180), "the warm driver never said ready"
     assert d.warm_driver() == "ready"
     submit("warm")
     # a claim the row does not hold: the warm driver must say so in the study's log and exit
     _set(app, "warm", status=Status.RUNNING, claimed_by="someone:else")
     d._spawn("warm", f"{d.id}:x")
-    assert d.drivers["warm"].proc is spare and d.spare is None  # no new import while busy
+    assert d.drivers["warm"].proc is spare and d.pool.spare is None  # no new import while busy
     assert d.warm_driver() == "none"
     assert spare.wait(180) == 75
     assert f"claim {d.id}:x lost" in d.drivers["warm"].log_path.read_text()
     d.drivers.clear()
     _set(app, "warm", status=Status.FAILED)
     d.run_once()  # idle again: a new warm driver
-    assert d.spare is not None and d.spare is not spare
+    assert d.pool.spare is not None and d.pool.spare is not spare
     assert d.warm_driver() in ("starting", "ready")
     d.shutdown(grace_s=5)
-    assert d.spare.poll() is not None
+    assert d.pool.spare.poll() is not None
 
 
 # a stand-in driver: dies with its parent as real drivers do, says so, and exits 0 when told
@@ -280,7 +282,8 @@ class InterruptibleDispatcher(Dispatcher):
         proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTIBLE], cwd=REPO,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 env=child_env({}), start_new_session=True)
-        self.drivers[name] = Driver(name, claim, proc, self.settings.results_dir / "none.log")
+        self.drivers[name] = DriverProcess(name, claim, proc,
+                                           self.settings.results_dir / "none.log")
 
 
 def test_shutdown_interrupts_the_drivers_its_thread_started_instead_of_killing_them(world):
@@ -319,10 +322,10 @@ def test_a_warm_driver_whose_cluster_went_away_starts_afresh_and_fails_the_study
                                    "ray_auth_mode": head.auth_mode}),
                        app.state.components.sessions, app.state.components.studies)
         d.run_once()
-        assert d.spare_said.done.wait(180) and d.warm_driver() == "ready"
+        assert d.pool.wait_ready(180) and d.warm_driver() == "ready"
     finally:
         head.stop()
-    spare = d.spare
+    spare = d.pool.spare
     submit("gone")
     d.run_once()
     driver = d.drivers["gone"]
