@@ -9,11 +9,18 @@ STAMP  := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version'
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
+	  echo "error: Python 3.11 is needed, and '$(PYTHON)' is $$(command -v $(PYTHON) >/dev/null && $(PYTHON) --version 2>/dev/null || echo 'not found')." >&2; \
+	  echo "Install Python 3.11, then name it: make demo PYTHON=python3.11 (or make test PYTHON=...)" >&2; \
+	  exit 1; }
+	@echo "== installing into $(VENV): this project (-e) with torch 2.13 (CPU build), Ray Tune/Train,"
+	@echo "   Optuna, optuna-dashboard, FastAPI, uvicorn, SQLAlchemy, psycopg and the dev tools"
+	@echo "   (pytest, pytest-xdist, ruff, import-linter, schemathesis); a few minutes on a fresh machine"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+	@echo "== installed; $(VENV)/bin/hpo is the CLI"
 
 # The service end to end: hpo serve (SQLite + local Ray), the digits TPE+ASHA study
 # submitted over REST, its progress, the best trial, the dashboard address, a clean stop.

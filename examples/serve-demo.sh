@@ -6,14 +6,19 @@
 #   examples/serve-demo.sh [SPEC]        (default: examples/digits-tpe-asha.yaml)
 #
 # Environment: BIN (the venv's bin, default .venv/bin), DEMO_DIR (default runs/demo, wiped
-# first), DEMO_PORT (default 8765), DEMO_MIN_ACCURACY (default 0.97), DEMO_KEEP=1 to keep
-# serving the dashboard after the study until Ctrl-C.
+# first), DEMO_PORT (default 8765), DEMO_MIN_ACCURACY (default 0.97), DEMO_KEEP: 1 keeps
+# serving the dashboard after the study until Ctrl-C, 0 stops at once; unset, the demo keeps
+# serving until Enter or Ctrl-C on a terminal and stops at once elsewhere (CI).
 set -euo pipefail
 
 BIN=${BIN:-.venv/bin}
 DIR=${DEMO_DIR:-runs/demo}
 PORT=${DEMO_PORT:-8765}
 SPEC=${1:-examples/digits-tpe-asha.yaml}
+KEEP=${DEMO_KEEP:-}
+if [ -z "$KEEP" ]; then
+    if [ -t 0 ] && [ -t 1 ]; then KEEP=enter; else KEEP=0; fi
+fi
 MIN_ACCURACY=${DEMO_MIN_ACCURACY:-0.97}
 
 rm -rf "$DIR"
@@ -59,7 +64,7 @@ NAME=$("$BIN/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]
        "$SPEC")
 echo "== submitting $SPEC over REST (POST /v1/studies)"
 "$BIN/hpo" submit "$SPEC" --wait
-"$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" "${DEMO_KEEP:-0}" <<'PY'
+"$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" "$KEEP" <<'PY'
 import sys
 
 import httpx
@@ -70,12 +75,15 @@ best = study["best_trial"]["value"]
 print(f"== best val_accuracy {best:.4f} (goal >= {minimum}); "
       f"{study['device_seconds']:.0f} CPU-seconds used")
 print(f"== dashboard: {url}{study['dashboard_url']} - log in with the token {token}")
-if sys.argv[5] != "1":
+if sys.argv[5] == "0":
     print("== (the server stops now; DEMO_KEEP=1 make demo keeps it serving the dashboard)")
 sys.exit(0 if best >= minimum else 1)
 PY
 
-if [ "${DEMO_KEEP:-0}" = "1" ]; then
-    echo "== serving until Ctrl-C"
+if [ "$KEEP" = "1" ]; then
+    echo "== serving the dashboard until Ctrl-C"
     wait "$SERVER" || true
+elif [ "$KEEP" = "enter" ]; then
+    echo "== serving the dashboard until you press Enter or Ctrl-C"
+    read -r _ || true
 fi

@@ -1,0 +1,117 @@
+"""The first ten minutes (issue 14.7): ``make install`` explains a missing Python 3.11, and
+``make demo``'s script keeps its dashboard up on a terminal until Enter, and stops at once
+elsewhere saying how to keep it. The demo's script runs here against a stand-in ``hpo``
+(a tiny HTTP server for ``hpo serve``): what is tested is the script's own flow."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.service.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+STAND_IN = textwrap.dedent('''\
+    #!{python}
+    """A stand-in for the hpo CLI: token create, serve (readyz + one study), submit."""
+    import http.server, json, os, signal, sys
+    command = sys.argv[1]
+    if command == "token":
+        print("hpo_demo_token")
+    elif command == "submit":
+        print("study submitted", file=sys.stderr)
+    elif command == "serve":
+        class Answer(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = b"{{}}" if self.path == "/readyz" else json.dumps({{
+                    "best_trial": {{"value": 0.99}}, "device_seconds": 12.0,
+                    "dashboard_url": "/dashboard/studies/1"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            def log_message(self, *args):
+                pass
+        server = http.server.HTTPServer(("127.0.0.1", int(os.environ["HPO_PORT"])), Answer)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        server.serve_forever()
+''')
+
+
+def _bin(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"  # a wrapper, not a link: a link leaves the venv behind
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    hpo = bin_dir / "hpo"
+    hpo.write_text(STAND_IN.format(python=sys.executable))
+    hpo.chmod(0o755)
+    return bin_dir
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DEMO_KEEP"}
+    return {**env, "BIN": str(_bin(tmp_path)), "DEMO_DIR": str(tmp_path / "demo"),
+            "DEMO_PORT": str(free_port()), **extra}
+
+
+def test_off_a_terminal_the_demo_stops_and_says_how_to_keep_it(tmp_path):
+    proc = subprocess.run(["bash", "examples/serve-demo.sh"], cwd=REPO, env=_env(tmp_path),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "== (the server stops now; DEMO_KEEP=1 make demo keeps it serving the dashboard)" \
+        in proc.stdout
+    assert "until you press Enter" not in proc.stdout
+    assert "== server stopped cleanly" in proc.stdout
+
+
+def test_on_a_terminal_the_demo_serves_until_enter(tmp_path):
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the script on a terminal
+        os.chdir(REPO)
+        os.execve("/bin/bash", ["bash", "examples/serve-demo.sh"], _env(tmp_path))
+    seen = b""
+    deadline = time.monotonic() + 120
+    while b"until you press Enter or Ctrl-C" not in seen:
+        assert time.monotonic() < deadline, seen.decode(errors="replace")
+        if select.select([fd], [], [], 1)[0]:
+            seen += os.read(fd, 4096)
+    assert b"the server stops now" not in seen
+    os.write(fd, b"\n")
+    while True:
+        try:
+            if not select.select([fd], [], [], 60)[0]:
+                break
+            chunk = os.read(fd, 4096)
+        except OSError:  # the terminal closed: the script ended
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, seen.decode(errors="replace")
+    assert b"== server stopped cleanly" in seen
+
+
+def test_make_install_explains_a_missing_python_311(tmp_path):
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'Python 3.10.12' && exit 0\nexit 1\n")
+    old.chmod(0o755)
+    make = shutil.which("make")
+    assert make, "make is needed to run the project's commands"
+    proc = subprocess.run([make, "install", f"PYTHON={old}", f"VENV={tmp_path / 'venv'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"error: Python 3.11 is needed, and '{old}' is Python 3.10.12." in proc.stderr
+    assert "make demo PYTHON=python3.11" in proc.stderr
+    assert "Traceback" not in proc.stderr and "AssertionError" not in proc.stderr
+    assert not (tmp_path / "venv").exists()
