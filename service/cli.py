@@ -28,6 +28,9 @@ UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", help="the servic
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar="HPO_TOKEN", show_default=False,
                                               help="API token (hpo token create)")]
 DEFAULT_URL = "http://127.0.0.1:8000"
+TOKEN_HINT = ("set HPO_TOKEN or pass --token; a token comes from `hpo token create NAME` "
+              "(add --admin for one that sees every study), run where the service's database "
+              "is (same HPO_DATABASE_URL)")
 
 
 def register(app: typer.Typer) -> None:
@@ -120,6 +123,8 @@ def _fail(e) -> None:
     err.print(f"[bold red]error[/] ({answer}): {e}", highlight=False)
     for d in e.details:
         err.print(f"  {d['loc'] or '<spec>'}: {d['msg']}", markup=False)
+    if e.status == 401:
+        err.print(TOKEN_HINT, markup=False, highlight=False)
     raise typer.Exit(2 if e.status in (400, 413, 415, 422) else 1)
 
 

@@ -115,3 +115,31 @@ def test_make_install_explains_a_missing_python_311(tmp_path):
     assert "make demo PYTHON=python3.11" in proc.stderr
     assert "Traceback" not in proc.stderr and "AssertionError" not in proc.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_a_cli_401_says_how_to_get_a_token(monkeypatch):
+    from typer.testing import CliRunner
+
+    import hpo.cli
+    from service.client import ApiError, Client
+
+    def refuse(self, name):
+        raise ApiError(401, "not_authenticated", "a bearer token is required")
+
+    monkeypatch.setattr(Client, "study", refuse)
+    monkeypatch.delenv("HPO_TOKEN", raising=False)
+    result = CliRunner().invoke(hpo.cli.app, ["status", "some-study"])
+    assert result.exit_code == 1
+    assert "error (401 not_authenticated): a bearer token is required" in result.output
+    assert ("set HPO_TOKEN or pass --token; a token comes from `hpo token create NAME`"
+            in " ".join(result.output.split()))
+
+
+def test_the_quick_starts_files_are_ignored_by_git():
+    """The default SQLite file (and its WAL files), hpo serve's and hpo run's results and the
+    demo's directory stay out of `git status` (issue 14.9)."""
+    paths = ["hpo.db", "hpo.db-wal", "hpo.db-shm", "hpo-runs/s/trial/ckpt.pt",
+             "runs/demo/hpo.db", ".hpo/x"]
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.stdout.split() == paths
