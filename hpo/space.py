@@ -13,7 +13,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from hpo.spec import CategoricalParam, FloatParam, IntParam, StudySpec
+from hpo.params import CategoricalParam, FloatParam, IntParam
+from hpo.spec import StudySpec
 
 
 def distribution(param: FloatParam | IntParam | CategoricalParam) -> BaseDistribution:

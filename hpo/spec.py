@@ -24,23 +24,24 @@ task (:mod:`hpo.validation`); every problem becomes one entry of a
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
-from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    BeforeValidator,
+    Discriminator,
     Field,
-    StrictBool,
+    PrivateAttr,
     StrictFloat,
     StrictInt,
-    StrictStr,
+    Tag,
     ValidationError,
-    ValidationInfo,
+    field_serializer,
     field_validator,
+    model_validator,
 )
 
 from hpo.algorithms import (
@@ -53,9 +54,10 @@ from hpo.algorithms import (
     TPESamplerSpec,
 )
 from hpo.errors import SpecError, printable, unprintable
+from hpo.params import CategoricalParam, Choice, FloatParam, IntParam, Param
 
-__all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "StudySpec", "load_spec", "parse_spec",
-           "parse_text"]
+__all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "CategoricalParam", "FloatParam",
+           "IntParam", "StudySpec", "load_spec", "load_stored", "parse_spec", "parse_text"]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 """Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""
@@ -64,130 +66,7 @@ RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 """Custom resource names: 1-64 ASCII letters, digits, ``_ . : / -``. Ray itself checks no
 characters (``node:10.0.0.1``, ``accelerator_type:A100`` are its own); a name outside this
 set could not be stored by every database (NUL) or asked of a node by ``ray start``."""
-MAX_CHOICES = 1000  # choices of one categorical parameter
-MAX_GRID_POINTS = 1e9  # values of one stepped float parameter
-MAX_EXACT_INT = 2**53  # ints of a search space: exact in float64, as Optuna's samplers compute
 MAX_TIMEOUT_S = 10 * 365.25 * 86400  # ten years
-
-
-# -- search space ------------------------------------------------------------------------
-
-
-SearchInt = Annotated[StrictInt, Field(ge=-MAX_EXACT_INT, le=MAX_EXACT_INT)]
-
-
-class FloatParam(Strict):
-    """A float in ``[low, high]``, optionally log-uniform or on a grid of ``step``."""
-
-    type: Literal["float"]
-    log: StrictBool = False
-    low: StrictFloat
-    high: StrictFloat
-    step: StrictFloat | None = None
-
-    @field_validator("low")
-    @classmethod
-    def _low(cls, v: float, info: ValidationInfo) -> float:
-        if info.data.get("log") and v <= 0:
-            raise ValueError(f"must be > 0 when log is true, got {v}")
-        return v
-
-    @field_validator("high")
-    @classmethod
-    def _high(cls, v: float, info: ValidationInfo) -> float:
-        low = info.data.get("low")
-        if low is not None and v <= low:
-            raise ValueError(f"must be > low ({low}), got {v}")
-        return v
-
-    @field_validator("step")
-    @classmethod
-    def _step(cls, v: float | None, info: ValidationInfo) -> float | None:
-        if v is None:
-            return v
-        if v <= 0:
-            raise ValueError(f"must be > 0, got {v}")
-        if info.data.get("log"):
-            raise ValueError("cannot be combined with log: true")
-        low, high = info.data.get("low"), info.data.get("high")
-        if low is not None and high is not None:
-            n = (high - low) / v
-            if not math.isfinite(n) or n > MAX_GRID_POINTS:  # (high - low) may overflow
-                raise ValueError(f"{v} makes more than {MAX_GRID_POINTS:.0e} grid points in "
-                                 f"[{low}, {high}]")
-            # Optuna's test, in decimal (FloatDistribution moves such a high down, with a
-            # warning): the grid that runs is the one the spec shows, on every path
-            d_low, d_high, d_step = (Decimal(str(x)) for x in (low, high, v))
-            if (d_high - d_low) % d_step:
-                fit = float((d_high - d_low) // d_step * d_step + d_low)
-                raise ValueError(f"{v} does not divide the range [{low}, {high}]; the grid's "
-                                 f"last point below high is {fit}")
-        return v
-
-
-class IntParam(Strict):
-    """An integer in ``[low, high]`` with ``step``, optionally log-uniform."""
-
-    type: Literal["int"]
-    log: StrictBool = False
-    low: SearchInt
-    high: SearchInt
-    step: StrictInt = 1
-
-    @field_validator("low")
-    @classmethod
-    def _low(cls, v: int, info: ValidationInfo) -> int:
-        if info.data.get("log") and v <= 0:
-            raise ValueError(f"must be > 0 when log is true, got {v}")
-        return v
-
-    @field_validator("high")
-    @classmethod
-    def _high(cls, v: int, info: ValidationInfo) -> int:
-        low = info.data.get("low")
-        if low is not None and v <= low:
-            raise ValueError(f"must be > low ({low}), got {v}")
-        return v
-
-    @field_validator("step")
-    @classmethod
-    def _step(cls, v: int, info: ValidationInfo) -> int:
-        if v <= 0:
-            raise ValueError(f"must be > 0, got {v}")
-        if info.data.get("log") and v != 1:
-            raise ValueError("must be 1 when log is true")
-        low, high = info.data.get("low"), info.data.get("high")
-        if low is not None and high is not None and (high - low) % v:
-            raise ValueError(f"{v} does not divide the range [{low}, {high}]")
-        return v
-
-
-Choice = StrictBool | StrictInt | StrictFloat | StrictStr | None
-
-
-class CategoricalParam(Strict):
-    """One of ``choices``: numbers, strings, booleans and null may be mixed (optuna#3129)."""
-
-    type: Literal["categorical"]
-    # each choice is checked against the task (a few ms each): a bounded list
-    choices: list[Choice] = Field(..., max_length=MAX_CHOICES)
-
-    @field_validator("choices")
-    @classmethod
-    def _choices(cls, v: list[Any]) -> list[Any]:
-        if not v:
-            raise ValueError("must not be empty")
-        for i, c in enumerate(v):
-            if isinstance(c, int) and abs(c) > MAX_EXACT_INT:
-                raise ValueError(f"choice {i} is beyond +-2**53 (Optuna computes in float64)")
-            # Optuna finds a choice by ==: 1, 1.0 and True would be one choice
-            if any(c == other for other in v[:i]):
-                raise ValueError(f"{c!r} equals an earlier choice (Optuna compares choices "
-                                 f"with ==: 1, 1.0 and True are the same); got {v}")
-        return v
-
-
-Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator="type")]
 
 
 # -- objective ---------------------------------------------------------------------------
@@ -255,7 +134,34 @@ class WarmStartPoint(Strict):
     params: dict[str, Choice]
 
 
-WarmStart = WarmStartStudy | WarmStartPoint
+def _warm_start_kind(entry: Any) -> str | None:
+    """The tag of a warm-start entry: ``study`` (an earlier study) or ``params`` (a point)."""
+    if isinstance(entry, WarmStartStudy | WarmStartPoint):
+        return "study" if isinstance(entry, WarmStartStudy) else "params"
+    if isinstance(entry, Mapping):
+        return "study" if "study" in entry else "params" if "params" in entry else None
+    return None
+
+
+WarmStart = Annotated[
+    Annotated[WarmStartStudy, Tag("study")] | Annotated[WarmStartPoint, Tag("params")],
+    Discriminator(_warm_start_kind, custom_error_type="warm_start_kind",
+                  custom_error_message="give study (an earlier study to start from) or "
+                                       "params (a point to try first)")]
+
+
+def _as_list(value: Any) -> list:
+    """One objective (a mapping) as a list of one; a list as it is."""
+    if isinstance(value, Mapping | Objective):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError(f"must be an objective ({{metric: ..., direction: ...}}) or a list of "
+                         f"them, got {type(value).__name__}")
+    return value
+
+
+Objectives = Annotated[list[Objective], BeforeValidator(
+    _as_list, json_schema_input_type=Objective | list[Objective])]
 
 
 class StudySpec(Strict):
@@ -265,7 +171,9 @@ class StudySpec(Strict):
     task: str
     config: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, Param] = Field(default_factory=dict)
-    objective: Objective | list[Objective]
+    # one objective or a list, normalized to a list before validation; ``objective`` and
+    # ``to_dict`` give it back in the shape it was given
+    objectives: Objectives = Field(alias="objective")
     objective_reduce: Literal["last", "best"] = "last"
     sampler: SamplerSpec = Field(default_factory=lambda: TPESamplerSpec(name="tpe"))
     scheduler: SchedulerSpec = Field(default_factory=lambda: FifoSchedulerSpec(name="fifo"))
@@ -273,40 +181,96 @@ class StudySpec(Strict):
     resources: Resources = Field(default_factory=Resources)
     max_failures: StrictInt = Field(0, ge=0, le=100)
     warm_start: list[WarmStart] = Field(default_factory=list, max_length=1000)
+    _one_objective: bool = PrivateAttr(False)  # given as a mapping, not as a list
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_objective_shape(cls, data: Any, handler) -> StudySpec:
+        spec = handler(data)
+        if isinstance(data, Mapping) and isinstance(data.get("objective"), Mapping):
+            spec._one_objective = True
+        return spec
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v: list[Objective]) -> list[Objective]:
+        if not v:
+            raise ValueError("must name at least one metric")
+        if len({o.metric for o in v}) < len(v):
+            raise ValueError("a metric appears twice")
+        return v
+
+    @field_serializer("objectives", mode="wrap")
+    def _objective_as_given(self, v: list[Objective], handler) -> Any:
+        out = handler(v)
+        return out[0] if self._one_objective else out
 
     @property
-    def objectives(self) -> list[Objective]:
-        """The objectives as a list (one for a single-objective study)."""
-        return self.objective if isinstance(self.objective, list) else [self.objective]
+    def objective(self) -> Objective | list[Objective]:
+        """The objective as given: one :class:`Objective`, or the list of them."""
+        return self.objectives[0] if self._one_objective else self.objectives
 
     @property
     def is_multi_objective(self) -> bool:
         return len(self.objectives) > 1
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible dict that :func:`parse_spec` reads back to an equal spec."""
-        return self.model_dump(mode="json")
+        """JSON-compatible dict that :func:`parse_spec` and :func:`load_stored` read back
+        to an equal spec."""
+        return self.model_dump(mode="json", by_alias=True)
 
 
-_UNION_FIELDS = {"sampler", "scheduler", "pruner", "wrapped"}
-_MEMBER_NAMES = {"Objective", "list[Objective]", "WarmStartStudy", "WarmStartPoint",
-                 "bool", "int", "float", "str", "none"}
+# -- error paths ---------------------------------------------------------------------------
+
+_WRAPPERS = {"model", "default", "nullable", "function-before", "function-after",
+             "function-wrap"}
 
 
-def _loc(parts: tuple) -> str:
-    """Dotted path of a pydantic error, without the names pydantic adds for union members
-    (tags of tagged unions, model and type names of plain ones)."""
-    out: list[str] = []
-    for i, part in enumerate(parts):
-        inner = i > 0 and i + 1 < len(parts) and isinstance(part, str)
-        is_tag = inner and (parts[i - 1] in _UNION_FIELDS
-                            or (i == 2 and parts[0] == "search_space"))
-        is_member = i > 0 and isinstance(part, str) and part in _MEMBER_NAMES and (
-            parts[i - 1] in ("objective", "choices", "params")
-            or isinstance(parts[i - 1], int))
-        if not (is_tag or is_member):
-            out.append(str(part))
-    return ".".join(out)
+def _unwrap(node: dict, defs: dict[str, dict]) -> dict:
+    """The core schema under ``node``'s wrappers (defaults, validators, references)."""
+    while True:
+        if node["type"] == "definitions":
+            defs.update({d["ref"]: d for d in node["definitions"]})
+            node = node["schema"]
+        elif node["type"] == "definition-ref":
+            node = defs[node["schema_ref"]]
+        elif node["type"] in _WRAPPERS:
+            node = node["schema"]
+        else:
+            return node
+
+
+def _field_path(loc: tuple, data: Any) -> str:
+    """The user's dotted field path of a pydantic error ``loc``, read off the spec's core
+    schema: where the schema is a union, pydantic's loc holds one element that is not
+    the user's (the member's tag for a discriminated union, the member's name for a plain
+    one of scalars) and it is dropped. A single objective (a mapping) has no index."""
+    defs: dict[str, dict] = {}
+    node: dict | None = StudySpec.__pydantic_core_schema__
+    out: list[str | int] = []
+    for part in loc:
+        node = _unwrap(node, defs) if node is not None else None
+        kind = node["type"] if node is not None else None
+        if kind == "tagged-union":
+            node = node["choices"].get(part)
+            continue
+        if kind == "union":  # scalars only (every union of models is discriminated)
+            node = None
+            continue
+        out.append(part)
+        if kind == "model-fields":
+            fields = {f.get("validation_alias") or name: f
+                      for name, f in node["fields"].items()}
+            node = fields[part]["schema"] if part in fields else None
+        elif kind == "list":
+            node = node["items_schema"]
+        elif kind == "dict":
+            node = node["values_schema"]
+        else:
+            node = None
+    if out[:1] == ["objective"] and len(out) > 1 and isinstance(data.get("objective"), Mapping):
+        del out[1]  # the index of the list it was normalized to
+    return ".".join(map(str, out))
 
 
 def _msg(text: str) -> str:
@@ -334,13 +298,23 @@ def _text_errors(value: Any, loc: str) -> list[dict[str, str]]:
     return errors
 
 
-def parse_spec(data: Mapping[str, Any], *, check_task: bool = True) -> StudySpec:
-    """Validate a spec given as a mapping.
+def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
+               allow_paths: bool = True) -> StudySpec:
+    """Validate a spec given as a mapping: the boundary, where a spec is parsed once.
+
+    What is handed on and stored is the returned spec (``to_dict``); what reads it
+    back uses :func:`load_stored`, which checks nothing again. Checks that need the
+    task's datasets run where the datasets are, when the study starts
+    (:func:`hpo.validation.check_datasets`).
 
     Args:
         data: the spec (parsed JSON or YAML).
         check_task: also check the spec against its task (metric, parameters,
-            values); see :func:`hpo.validation.check_against_task`.
+            values) and fill in the objectives' directions; see
+            :func:`hpo.validation.check_against_task`.
+        allow_paths: ``False`` refuses, before the task's checks read them, the
+            fields that name a file-system path of the training machines
+            (:func:`hpo.validation.path_fields`); a service lets only admins.
 
     Raises:
         SpecError: every problem found, each with the dotted path of its field.
@@ -349,16 +323,37 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True) -> StudySpec
         raise SpecError.at("", f"a study spec must be a mapping, got {type(data).__name__}")
     if errors := _text_errors(data, ""):
         raise SpecError(errors)
-    try:
-        spec = StudySpec.model_validate(dict(data))
-    except ValidationError as e:
-        raise SpecError([{"loc": _loc(err["loc"]), "msg": _msg(err["msg"])}
-                         for err in e.errors()]) from None
-    if check_task:
-        from hpo.validation import check_against_task
+    spec = _validate(data)
+    if check_task or not allow_paths:
+        from hpo.validation import check_against_task, path_fields
 
-        spec = check_against_task(spec)
+        if not allow_paths and (paths := path_fields(spec)):
+            raise SpecError([{"loc": loc, "msg": "a file-system path on the training "
+                              "machines; only an admin token may set it"} for loc in paths])
+        if check_task:
+            spec = check_against_task(spec)
     return spec
+
+
+def load_stored(data: Mapping[str, Any]) -> StudySpec:
+    """A spec that :func:`parse_spec` validated and that was stored as ``to_dict`` (the
+    service's ``hpo_studies.spec``, the Optuna study's ``hpo_spec`` attribute), read back.
+
+    Only deserialized: no text scan, no task checks (its directions are already filled
+    in), so a study stored by an earlier version keeps loading when checks grow stricter.
+
+    Raises:
+        SpecError: the data is not a spec's structure (each field named).
+    """
+    return _validate(data)
+
+
+def _validate(data: Mapping[str, Any]) -> StudySpec:
+    try:
+        return StudySpec.model_validate(dict(data))
+    except ValidationError as e:
+        raise SpecError([{"loc": _field_path(err["loc"], data), "msg": _msg(err["msg"])}
+                         for err in e.errors()]) from None
 
 
 def load_spec(path: str | Path, *, check_task: bool = True) -> StudySpec:

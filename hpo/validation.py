@@ -1,8 +1,11 @@
 """Checks of a structurally valid spec against its task, sampler and scheduler.
 
-Everything is checked before anything is stored or run, so that a bad spec
-fails at the boundary with the path of each offending field, never at the
-first trial.
+:func:`check_against_task` runs at the boundary (:func:`hpo.spec.parse_spec`),
+before anything is stored, so that a bad spec fails with the path of each
+offending field, never at the first trial. The checks that need the task's
+datasets (:func:`check_budgets`) run where the datasets are: in the driver, when
+the study starts; a failure there ends the study FAILED with the same kind of
+field-naming reason.
 """
 
 from __future__ import annotations
@@ -14,16 +17,9 @@ from typing import Any
 import trainers
 from hpo.algorithms import MAX_COUNT
 from hpo.errors import SpecError, public_message
+from hpo.params import CategoricalParam, FloatParam, IntParam
 from hpo.space import grid_size
-from hpo.spec import (
-    POPULATION_SCHEDULERS,
-    CategoricalParam,
-    FloatParam,
-    IntParam,
-    Objective,
-    StudySpec,
-    WarmStartStudy,
-)
+from hpo.spec import POPULATION_SCHEDULERS, Objective, StudySpec, WarmStartStudy
 from trainers.contract import creation_violations
 
 # Set per trial by the service; a spec may not fix or search them.
@@ -64,8 +60,7 @@ def check_against_task(spec: StudySpec) -> StudySpec:
     errors += _check_warm_start(spec)
     if errors:
         raise SpecError(errors)
-    objective: Any = objectives if isinstance(spec.objective, list) else objectives[0]
-    return spec.model_copy(update={"objective": objective})
+    return spec.model_copy(update={"objectives": objectives})
 
 
 def path_fields(spec: StudySpec) -> list[str]:
@@ -209,8 +204,6 @@ def _check_search_space(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) 
 def _check_objectives(spec: StudySpec, task_cls) -> tuple[list[Objective], list[dict]]:
     errors, filled = [], []
     many = isinstance(spec.objective, list)
-    if many and not spec.objective:
-        return [], [{"loc": "objective", "msg": "must name at least one metric"}]
     for i, objective in enumerate(spec.objectives):
         loc = f"objective.{i}" if many else "objective"
         if objective.metric not in task_cls.metrics:
@@ -221,8 +214,6 @@ def _check_objectives(spec: StudySpec, task_cls) -> tuple[list[Objective], list[
             continue
         direction = objective.direction or task_cls.metrics[objective.metric]
         filled.append(objective.model_copy(update={"direction": direction}))
-    if len({o.metric for o in spec.objectives}) < len(spec.objectives):
-        errors.append({"loc": "objective", "msg": "a metric appears twice"})
     return filled, errors
 
 
@@ -337,9 +328,9 @@ def _check_mutable_in_training(spec: StudySpec) -> list[dict]:
 def check_budgets(spec: StudySpec) -> None:
     """Refuse scheduler budgets that the trials' planned updates make meaningless.
 
-    Builds the task's datasets to count the planned updates (cheap for the
-    built-in tasks once charlm's token cache exists), so it runs where a study
-    is created rather than inside ``parse_spec``.
+    Builds the task's datasets to count the planned updates, so it runs in the
+    driver when the study starts (``hpo.tune.driver.run_study``), never on a
+    request thread nor inside ``parse_spec``.
 
     Raises:
         SpecError: ASHA's ``grace_period`` beyond ``max_t``, or a PBT/PB2

@@ -25,7 +25,6 @@ from sqlalchemy.orm import sessionmaker
 from hpo.errors import SpecError, StudyExistsError
 from hpo.record import open_study
 from hpo.spec import StudySpec, WarmStartStudy, parse_spec
-from hpo.validation import check_against_task, check_budgets, path_fields
 from hpo.warmstart import warm_start_points
 from service import optuna_sql
 from service.auth import Principal
@@ -76,14 +75,8 @@ class StudyService:
                 a warm-start study the owner may not read.
             StudyConflict: a study of that name exists (here or in Optuna).
         """
-        spec = parse_spec(data, check_task=False)
-        if not owner.is_admin and (paths := path_fields(spec)):
-            # they read and write the training machine's files: only for admins, and
-            # refused before the task's checks look at those files
-            raise SpecError([{"loc": loc, "msg": "a file-system path on the training "
-                              "machines; only an admin token may set it"} for loc in paths])
-        spec = check_against_task(spec)
-        check_budgets(spec)
+        # the one parse: fields that name the training machines' files are for admins
+        spec = parse_spec(data, allow_paths=owner.is_admin)
         self._check_warm_start(spec, owner)
         self._insert_creating(spec, owner)
         if self._optuna_study_exists(spec.name):

@@ -364,3 +364,81 @@ def test_the_grid_sampler_refuses_a_grid_it_cannot_list():
         "dropout": {"type": "float", "low": 0.0, "high": 0.5, "step": 1e-5},
         "width": {"type": "int", "low": 8, "high": 24, "step": 8}})
     assert grid_size(parse_spec(ok)) == 150_003
+
+
+# -- one parse at the boundary (issue 13, point 4) ------------------------------------------
+
+_PRUNER_OF = {"name": "optuna-pruner"}
+
+
+@pytest.mark.parametrize(("changes", "locs"), [
+    ({"scheduler": {**_PRUNER_OF, "pruner": {"name": "patient", "patience": 1, "wrapped": {
+        "name": "median", "n_startup_trials": -1}}}},
+     ["scheduler.pruner.wrapped.n_startup_trials"]),
+    # a plain union of scalars: pydantic names the member ("int", "literal['auto']")
+    ({"scheduler": {**_PRUNER_OF, "pruner": {"name": "successive-halving",
+                                             "min_resource": "x"}}},
+     ["scheduler.pruner.min_resource"] * 2),
+    # parameters named like pydantic's member names are the user's own
+    ({"warm_start": [{"params": {"int": []}}]}, ["warm_start.0.params.int"] * 4),
+    ({"search_space": {"float": {"type": "float", "low": "a", "high": 1.0}}},
+     ["search_space.float.low"]),
+    ({"objective": [{"metric": "val_loss"}, {"metric": 1}]}, ["objective.1.metric"]),
+    ({"objective": {"metric": 1}}, ["objective.metric"]),
+    ({"objective": [{"metric": 1}]}, ["objective.0.metric"]),
+], ids=["nested-tags", "scalar-union", "param-named-int", "param-named-float",
+        "objective-list", "objective-one", "objective-list-of-one"])
+def test_error_paths_are_read_off_the_schema(changes, locs):
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(**changes), check_task=False)
+    assert [e["loc"] for e in info.value.errors] == locs
+
+
+@pytest.mark.parametrize(("objective", "msg"), [
+    ({"foo": 1}, None),
+    ([], "must name at least one metric"),
+    ([{"metric": "val_loss"}, {"metric": "val_loss"}], "a metric appears twice"),
+    ("val_loss", "must be an objective ({metric: ..., direction: ...}) or a list of them, got "
+                 "str"),
+])
+def test_the_objective_is_checked_as_a_list_whatever_its_shape(objective, msg):
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(objective=objective), check_task=False)
+    if msg is None:  # one mapping: its own fields, without an index
+        assert [e["loc"] for e in info.value.errors] == ["objective.metric", "objective.foo"]
+    else:
+        assert info.value.errors == [{"loc": "objective", "msg": msg}]
+
+
+def test_a_warm_start_entry_that_is_neither_kind_is_one_error():
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(warm_start=[{"foo": 1}]), check_task=False)
+    assert info.value.errors == [{"loc": "warm_start.0", "msg": "give study (an earlier study "
+                                  "to start from) or params (a point to try first)"}]
+
+
+def test_the_objective_keeps_the_shape_it_was_given():
+    one = parse_spec(BASE)
+    listed = parse_spec(_with(objective=[{"metric": "val_accuracy"}]))
+    assert one.objectives == listed.objectives and not listed.is_multi_objective
+    assert one.objective == listed.objectives[0]
+    assert one.to_dict()["objective"] == {"metric": "val_accuracy", "direction": "maximize"}
+    assert listed.to_dict()["objective"] == [{"metric": "val_accuracy", "direction": "maximize"}]
+    assert parse_spec(listed.to_dict()).to_dict() == listed.to_dict()
+
+
+def test_a_stored_spec_is_read_back_without_the_boundary_checks(monkeypatch):
+    import trainers
+    from hpo.spec import load_stored
+
+    spec = parse_spec(BASE)
+
+    def no_task(name):
+        raise AssertionError(f"task {name} looked up")
+
+    monkeypatch.setattr(trainers, "get_task", no_task)
+    again = load_stored(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec and again.objective.direction == "maximize"
+    with pytest.raises(SpecError) as info:  # not a spec's structure: named, not a crash
+        load_stored({**spec.to_dict(), "budget": {"n_trials": "many"}})
+    assert [e["loc"] for e in info.value.errors] == ["budget.n_trials"]
