@@ -21,6 +21,7 @@ from service.dashboard import build_dashboard
 from service.db import build_engine, create_tables, session_factory
 from service.deps import Components
 from service.health import Readiness
+from service.logs import RequestId
 from service.middleware import BodyLimit, MethodGuard
 from service.openapi import install_openapi
 from service.routers import health, studies, tasks
@@ -92,4 +93,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s)
     app.add_middleware(MethodGuard, routes=api_routes)
+    app.add_middleware(RequestId)  # outermost: every log line of a request carries its id
     return app

@@ -46,17 +46,15 @@ def register(app: typer.Typer) -> None:
 def serve(host: Annotated[str | None, typer.Option(envvar="HPO_HOST")] = None,
           port: Annotated[int | None, typer.Option(envvar="HPO_PORT")] = None) -> None:
     """Serve the REST API, the dispatcher and the Optuna dashboard (and a local Ray)."""
-    import logging
-
     from service.server import serve as run_server
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = _settings(**overrides)
     _check_database(settings.database_url)  # before the seconds of starting a local Ray
+    from service import logs
     from service.errors import ServiceError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                                                   "%(message)s")
+    logs.configure(settings.log_format)
     try:
         run_server(settings)
     except ServiceError as e:

@@ -1,11 +1,9 @@
 """ASGI middleware: unsupported methods (405), the request body's size limit (413) and time
-limit (408), and token redaction in access logs."""
+limit (408). Token redaction in logs is :mod:`service.logs`."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 from collections.abc import Sequence
 
 from starlette.routing import BaseRoute, Match, Route
@@ -135,15 +133,3 @@ class BodyLimit:
                                   f"the request body is over {self.max_bytes} bytes",
                                   headers={"Connection": "close"})
         await response(scope, receive, send)
-
-
-class RedactTokens(logging.Filter):
-    """Hides ``token=...`` query values in log records (uvicorn's access log prints URLs)."""
-
-    PATTERN = re.compile(r"(token=)[^&\s\"]+")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.args:
-            record.args = tuple(self.PATTERN.sub(r"\1<hidden>", a) if isinstance(a, str) else a
-                                for a in record.args)
-        return True

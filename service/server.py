@@ -25,9 +25,9 @@ import sys
 
 import uvicorn
 
+from service import logs
 from service.connection_guard import guarded_protocol
 from service.errors import ServiceError
-from service.middleware import RedactTokens
 from service.process import child_env, stop_process
 from service.settings import Settings
 
@@ -129,7 +129,6 @@ def serve(settings: Settings) -> None:
     """
     from service.app import create_app
 
-    logging.getLogger("uvicorn.access").addFilter(RedactTokens())
     sock = listen(settings.host, settings.port)
     if settings.port == 0:
         settings = dataclasses.replace(settings, port=sock.getsockname()[1])
@@ -146,7 +145,8 @@ def serve(settings: Settings) -> None:
         # objects (0.2-0.5 s each on a busy machine: the p99 of the API's reads,
         # bench/read_scaling.py)
         gc.freeze()
-        config = uvicorn_config(app, settings, log_level="info", timeout_graceful_shutdown=10)
+        config = uvicorn_config(app, settings, log_level="info", log_config=None,
+                                timeout_graceful_shutdown=10)
         # uvicorn handles SIGINT/SIGTERM while it runs, then raises the signal again
         # against the handlers it found: these no-ops let the clean-up below run and
         # the process exit 0 after a clean shutdown.
@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                                                   "%(message)s")
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     try:
-        serve(Settings.from_env(**overrides))
+        settings = Settings.from_env(**overrides)
+        logs.configure(settings.log_format)
+        serve(settings)
     except ServiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -71,6 +71,7 @@ class Settings:
     public_url: str | None = None
     run_dispatcher: bool = True
     warm_drivers: bool = True
+    log_format: str = "text"
 
     @property
     def url(self) -> str:
@@ -109,6 +110,7 @@ class Settings:
             num_cpus=_int(env, "HPO_NUM_CPUS", None, 1, 4096),
             public_url=env.get("HPO_PUBLIC_URL") or None,
             warm_drivers=_bool(env, "HPO_WARM_DRIVER", cls.warm_drivers),
+            log_format=_choice(env, "HPO_LOG_FORMAT", cls.log_format, ("text", "json")),
         )
         values.update(overrides)
         settings = cls(**values)
@@ -120,7 +122,8 @@ class Settings:
         """The variables a study driver process needs to rebuild these settings."""
         env = {"HPO_DATABASE_URL": self.database_url, "HPO_RESULTS_DIR": str(self.results_dir),
                "HPO_HEARTBEAT_S": str(self.heartbeat_s),
-               "HPO_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s)}
+               "HPO_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
+               "HPO_LOG_FORMAT": self.log_format}
         if self.ray_address:
             env["RAY_ADDRESS"] = self.ray_address
         if self.ray_auth_mode:
@@ -163,3 +166,12 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw.strip().lower() in _FALSE:
         return False
     raise SettingsError(f"{name} must be true or false, got {raw!r}")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw.strip().lower()

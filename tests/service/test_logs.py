@@ -1,0 +1,101 @@
+"""Logs (issue 14.4): HPO_LOG_FORMAT=json writes JSON lines carrying the request id, study
+and trial; tokens never appear in logs, whichever logger writes them."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from service import logs
+from service.errors import SettingsError
+from service.settings import Settings
+from tests.service.conftest import bearer
+
+
+@pytest.fixture
+def captured():
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    logs.configure("json", stream=stream)
+    yield stream
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in saved[0]:
+        root.addHandler(handler)
+    root.setLevel(saved[1])
+    logs._bound.clear()
+
+
+def _lines(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_a_request_s_log_lines_carry_its_id_and_no_token(client, tokens, captured):
+    token = tokens["alice"]
+    logging.getLogger("service.test").info("seen %s and Bearer %s", f"?token={token}", token)
+    answer = client.get("/v1/studies", headers={**bearer(token), "X-Request-ID": "req-42"})
+    assert answer.status_code == 200
+    assert answer.headers["x-request-id"] == "req-42"
+    lines = _lines(captured)
+    assert token not in captured.getvalue()
+    assert lines[0]["message"] == "seen ?token=<hidden> and Bearer <hidden>"
+    assert lines[0]["level"] == "INFO" and lines[0]["logger"] == "service.test"
+    assert "request_id" not in lines[0]
+
+
+def test_a_log_line_written_while_serving_carries_the_request_id(app, tokens, captured):
+    from fastapi.testclient import TestClient
+
+    @app.get("/v1/_log_probe", include_in_schema=False)
+    def probe():
+        logging.getLogger("service.probe").warning("in the request")
+        return {}
+
+    app.router.routes.insert(0, app.router.routes.pop())  # before the catch-all /v1 route
+    with TestClient(app) as client:
+        answer = client.get("/v1/_log_probe", headers={"X-Request-ID": "bad id with spaces"})
+    rid = answer.headers["x-request-id"]
+    assert len(rid) == 32 and rid != "bad id with spaces"  # a malformed id is replaced
+    probe_lines = [line for line in _lines(captured) if line["logger"] == "service.probe"]
+    assert [(p["message"], p["request_id"]) for p in probe_lines] == [("in the request", rid)]
+
+
+def test_study_and_trial_context(captured):
+    logs.bind(study="digits-1")
+    logging.getLogger("hpo.record").info("trial ended", extra={"trial": 7})
+    try:
+        raise ValueError("boom hpo_abcdefghijklmnop")
+    except ValueError:
+        logging.getLogger("service.worker").exception("study failed")
+    first, second = _lines(captured)
+    assert (first["study"], first["trial"], first["message"]) == ("digits-1", 7, "trial ended")
+    assert second["study"] == "digits-1" and "trial" not in second
+    assert "ValueError: boom hpo_<hidden>" not in second["exc"]  # the prefix goes with it
+    assert "ValueError: boom <hidden>" in second["exc"]
+
+
+def test_text_format_shows_the_context_in_brackets():
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    try:
+        logs.configure("text", stream=stream)
+        logging.getLogger("hpo.x").warning("Authorization: Bearer abc.def", extra={"trial": 3})
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved:
+            root.addHandler(handler)
+    line = stream.getvalue().strip()
+    assert line.endswith("WARNING hpo.x: Authorization: Bearer <hidden> [trial=3]"), line
+
+
+def test_log_format_setting_names_the_variable():
+    assert Settings.from_env({"HPO_LOG_FORMAT": "JSON"}).log_format == "json"
+    assert Settings.from_env({}).log_format == "text"
+    with pytest.raises(SettingsError, match="HPO_LOG_FORMAT must be one of text, json, got 'xml'"):
+        Settings.from_env({"HPO_LOG_FORMAT": "xml"})
