@@ -9,6 +9,9 @@
 ``CREATING`` and ``DELETING`` are internal: a row in them is invisible to the
 API, and the dispatcher finishes or undoes them at start-up (a crash between
 the two writes of a create or a delete leaves nothing half-stored).
+``hpo_study_summaries`` holds each study's summary (``hpo.summary.StudySummary``: trial
+counts, best trial or Pareto front, device-seconds), written by the study's driver as its
+trials change; the API's reads of studies read it instead of Optuna's tables.
 The table names carry the ``hpo_`` prefix because Optuna owns ``studies``.
 """
 
@@ -92,6 +95,19 @@ class StudyRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow,
+                                                    onupdate=utcnow)
+
+
+class SummaryRow(Base):
+    """A study's summary (``hpo.summary.StudySummary.to_json``), one row per study; a table
+    of its own, so that databases made before it get it from ``create_tables``."""
+
+    __tablename__ = "hpo_study_summaries"
+
+    study_id: Mapped[int] = mapped_column(sa.ForeignKey("hpo_studies.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    summary: Mapped[str] = mapped_column(sa.Text)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow,
                                                     onupdate=utcnow)
 

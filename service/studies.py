@@ -25,12 +25,14 @@ from sqlalchemy.orm import sessionmaker
 from hpo.errors import SpecError, StudyExistsError
 from hpo.record import open_study
 from hpo.spec import StudySpec, WarmStartStudy, parse_spec
+from hpo.summary import StudySummary, TrialCounts
 from hpo.warmstart import warm_start_points
 from service import optuna_sql
 from service.auth import Principal
-from service.db import ENDED, VISIBLE, Status, StudyRow, TokenRow, utcnow
+from service.db import ENDED, VISIBLE, Status, StudyRow, SummaryRow, TokenRow, utcnow
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.settings import Settings
+from service.summaries import compute_summary, read_summaries, store_summary
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ class StudyView:
 
     row: StudyRow
     owner: str | None
-    counts: optuna_sql.TrialCounts
+    counts: TrialCounts
     optuna_id: int | None
     best: list[FrozenTrial]
     device_seconds: float
@@ -131,7 +133,12 @@ class StudyService:
 
     def list(self, who: Principal, status: Status | None, offset: int,
              limit: int) -> tuple[list[StudyView], int]:
-        """One page of the studies ``who`` may see, newest first, and their total count."""
+        """One page of the studies ``who`` may see, newest first, and their total count.
+
+        Reads the service's own tables only: each study's trial counts come from its
+        summary (:mod:`service.summaries`); a queued study without one shows zero counts,
+        and an ended one (made before summaries were kept) has its summary computed once.
+        """
         where = [StudyRow.status.in_([status] if status else VISIBLE), *self._scope(who, True)]
         with self.sessions() as session:
             total = session.execute(sa.select(sa.func.count()).select_from(StudyRow)
@@ -140,71 +147,79 @@ class StudyService:
                 sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow)
                 .where(*where).order_by(StudyRow.created_at.desc(), StudyRow.id.desc())
                 .offset(offset).limit(limit)).all()
-            counts = optuna_sql.trial_counts(session.connection(), [r.name for r, _ in rows])
-        views = [StudyView(row, owner, counts[row.name], None, [], 0.0) for row, owner in rows]
+            kept = read_summaries(session, [row.id for row, _ in rows])
+        views = []
+        for row, owner in rows:
+            summary = kept.get(row.id) or (self._summary_once(row) if row.status in ENDED
+                                           else None)
+            counts = summary.counts if summary else TrialCounts()
+            views.append(StudyView(row, owner, counts, None, [], 0.0))
         return views, total
 
     def view(self, who: Principal, name: str) -> StudyView:
         """A study with its trial counts, best trial(s) and device-seconds so far.
 
-        A bounded number of SQL statements, whatever the study's size: the best trial
-        of a multi-objective study (its Pareto front) reads the objective values of the
-        COMPLETE trials in one statement (:func:`service.optuna_sql.best_trials`).
+        From the study's summary in the service's own table (:mod:`service.summaries`),
+        whatever the study's size. A study without one (queued, or made before summaries
+        were kept) has it computed from Optuna's public API, and kept once it has ended.
 
         Raises:
             StudyNotFound: no such study, or not one ``who`` may see.
         """
         row, owner = self._get(who, name, read=True)
-        spec = parse_spec(row.spec, check_task=False)
-        devices = (spec.resources.gpus or spec.resources.cpus) * spec.resources.workers
         with self.sessions() as session:
-            conn = session.connection()
-            counts = optuna_sql.trial_counts(conn, [name])[name]
-            optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
-            if optuna_id is None:
-                return StudyView(row, owner, counts, None, [], 0.0)
-            used = optuna_sql.device_seconds(conn, optuna_id, devices)
-            best = optuna_sql.best_trials(conn, optuna_id) if counts.complete else []
-        return StudyView(row, owner, counts, optuna_id, best, used)
+            summary = read_summaries(session, [row.id]).get(row.id)
+        if summary is None:
+            summary = (self._summary_once(row) if row.status in ENDED
+                       else compute_summary(self.storage, row))
+        return StudyView(row, owner, summary.counts, summary.optuna_study_id,
+                         summary.best_trials(), summary.device_seconds())
+
+    def _summary_once(self, row: StudyRow) -> StudySummary:
+        """An ended study's summary computed from Optuna, and stored."""
+        summary = compute_summary(self.storage, row)
+        with self.sessions.begin() as session:
+            store_summary(session, row.id, summary)
+        return summary
 
     def trials(self, who: Principal, name: str, offset: int, limit: int, *,
                intermediate: bool = True) -> tuple[list[FrozenTrial], int]:
         """One page of a study's trials by number, and the study's number of trials.
 
         A bounded number of SQL statements per page, whatever the study's size and the
-        page's (:func:`service.optuna_sql.load_trials`); ``intermediate=False`` leaves
-        the trials' ``intermediate_values`` empty and does not read them.
+        page's (:func:`service.optuna_sql.load_trials`: Optuna's public API reads a
+        study's trials all at once, or one at a time with about six statements each);
+        ``intermediate=False`` leaves the trials' ``intermediate_values`` empty and does
+        not read them.
 
         Raises:
             StudyNotFound: no such study, or not one ``who`` may see.
         """
         self._get(who, name, read=True)
+        try:
+            optuna_id = self.storage.get_study_id_from_name(name)
+        except KeyError:
+            return [], 0
         with self.sessions() as session:
             conn = session.connection()
-            optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
-            if optuna_id is None:
-                return [], 0
             total = optuna_sql.n_trials(conn, optuna_id)
             ids = optuna_sql.trial_ids_page(conn, optuna_id, offset, limit)
             return optuna_sql.load_trials(conn, ids, intermediate=intermediate), total
 
     def trial(self, who: Principal, name: str, number: int) -> FrozenTrial:
-        """One trial of a study by its number.
+        """One trial of a study by its number, as Optuna's storage reads it.
 
         Raises:
             StudyNotFound: no such study, or not one ``who`` may see.
             TrialNotFound: the study has no trial ``number``.
         """
         self._get(who, name, read=True)
-        with self.sessions() as session:
-            conn = session.connection()
-            optuna_id = optuna_sql.study_ids(conn, [name]).get(name)
-            trial_id = (optuna_sql.trial_id(conn, optuna_id, number)
-                        if optuna_id is not None else None)
-            found = optuna_sql.load_trials(conn, [trial_id]) if trial_id is not None else []
-        if not found:
-            raise TrialNotFound(f"study {name!r} has no trial {number}")
-        return found[0]
+        try:
+            optuna_id = self.storage.get_study_id_from_name(name)
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(optuna_id, number)
+        except KeyError:
+            raise TrialNotFound(f"study {name!r} has no trial {number}") from None
+        return self.storage.get_trial(trial_id)
 
     # -- stop and delete -------------------------------------------------------------
 
@@ -246,6 +261,9 @@ class StudyService:
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
             shutil.rmtree(results, ignore_errors=True)
         with self.sessions.begin() as session:
+            gone = sa.select(StudyRow.id).where(StudyRow.name == name,
+                                                StudyRow.status == Status.DELETING)
+            session.execute(sa.delete(SummaryRow).where(SummaryRow.study_id.in_(gone)))
             session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
                                                       StudyRow.status == Status.DELETING))
 

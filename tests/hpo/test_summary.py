@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 import threading
 
@@ -10,67 +9,14 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hpo.storage import open_storage
 from hpo.summary import StudySummary, SummaryTracker, TrialCounts
 
 X = {"x": optuna.distributions.FloatDistribution(0, 1)}
 
 
-def _study(storage, name: str, states: list[TrialState]) -> optuna.Study:
-    study = optuna.create_study(study_name=name, storage=storage)
-    for i, state in enumerate(states):
-        trial = study.ask(X)
-        trial.set_user_attr("device_seconds", 1.5 * (i + 1))
-        study.tell(trial, 0.5 if state == TrialState.COMPLETE else None, state=state)
-    return study
-
-
-def _summary(storage, name: str, devices: float = 1.0) -> StudySummary:
-    return SummaryTracker.from_storage(storage, name, devices).summary()
-
-
 def _bare(trial: optuna.trial.FrozenTrial) -> dict:
     """The trial's fields, without its intermediate values (a summary keeps none)."""
     return {**trial.__dict__, "intermediate_values": {}}
-
-
-def test_counts_ids_pages_and_device_seconds_match_optuna(db_url, unique_name):
-    storage = open_storage(db_url)
-    states = [TrialState.COMPLETE] * 3 + [TrialState.PRUNED] * 2 + [TrialState.FAIL]
-    names = (f"{unique_name}-one", f"{unique_name}-two")
-    _study(storage, names[0], states)
-    _study(storage, names[1], [TrialState.COMPLETE])
-    one, two = (_summary(storage, name) for name in names)
-    assert one.counts == TrialCounts(complete=3, pruned=2, failed=1)
-    assert one.counts.budget_used == 6
-    assert one.counts.total == len(optuna.load_study(study_name=names[0],
-                                                     storage=storage).trials) == 6
-    assert two.counts.finished == 1 and TrialCounts().total == 0
-    assert (one.optuna_study_id, two.optuna_study_id) == tuple(
-        storage.get_study_id_from_name(name) for name in names)
-    assert one.device_seconds() == sum(1.5 * (i + 1) for i in range(6))
-
-
-def test_requeued_fail_trials_do_not_count_against_the_budget(db_url, unique_name):
-    storage = open_storage(db_url)
-    study = _study(storage, unique_name, [TrialState.COMPLETE, TrialState.FAIL])
-    trial = study.ask()
-    trial.set_user_attr("requeued", True)  # as hpo.record marks a lost driver's trial
-    study.tell(trial, state=TrialState.FAIL)
-    counts = _summary(storage, unique_name).counts
-    assert (counts.failed, counts.requeued, counts.finished, counts.budget_used) == (2, 1, 3, 2)
-
-
-def test_device_seconds_counts_running_trials_from_their_start(db_url, unique_name):
-    storage = open_storage(db_url)
-    study = optuna.create_study(study_name=unique_name, storage=storage)
-    study.ask()
-    summary = _summary(storage, unique_name, devices=2.0)
-    start = study.trials[0].datetime_start
-    later = start.astimezone(dt.UTC) + dt.timedelta(seconds=10)
-    assert summary.device_seconds(now=later) == 20.0
-    assert summary.counts.running == 1
-    assert summary.device_seconds(now=later - dt.timedelta(seconds=60)) == 0.0  # never < 0
 
 
 def test_the_summary_follows_a_trial_through_every_state_and_a_requeue():

@@ -1,4 +1,6 @@
-"""The aggregate reads over Optuna's tables agree with Optuna's own API (SQLite, PostgreSQL)."""
+"""The reads of a study agree with Optuna's own API (SQLite, PostgreSQL): pages of trials
+read set-based over Optuna's tables, and the summary (counts, device-seconds, best trial,
+Pareto front) that ``hpo.summary`` computes from a study's trials."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from hpo.storage import open_storage
+from hpo.summary import StudySummary, SummaryTracker, TrialCounts
 from service import optuna_sql
 
 
@@ -24,6 +27,11 @@ def _study(storage, name: str, states: list[TrialState]) -> optuna.Study:
     return study
 
 
+def _summary(storage, name: str, devices_held: float = 1.0) -> StudySummary:
+    """The summary a driver starting on the stored study would write."""
+    return SummaryTracker.from_storage(storage, name, devices_held).summary()
+
+
 def test_counts_ids_pages_and_device_seconds_match_optuna(db_url):
     storage = open_storage(db_url)
     states = [TrialState.COMPLETE] * 3 + [TrialState.PRUNED] * 2 + [TrialState.FAIL]
@@ -31,12 +39,13 @@ def test_counts_ids_pages_and_device_seconds_match_optuna(db_url):
     _study(storage, "two", [TrialState.COMPLETE])
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        counts = optuna_sql.trial_counts(conn, ["one", "two", "absent"])
+        counts = {name: _summary(storage, name).counts for name in ("one", "two")}
+        counts["absent"] = TrialCounts()  # a study with no summary shows zero counts
         ids = optuna_sql.study_ids(conn, ["one", "two", "absent"])
         page = optuna_sql.trial_ids_page(conn, ids["one"], offset=2, limit=3)
-        used = optuna_sql.device_seconds(conn, ids["one"], devices_held=1.0)
+        used = _summary(storage, "one", devices_held=1.0).device_seconds()
         n_one = optuna_sql.n_trials(conn, ids["one"])
-    assert counts["one"] == optuna_sql.TrialCounts(complete=3, pruned=2, failed=1)
+    assert counts["one"] == TrialCounts(complete=3, pruned=2, failed=1)
     assert counts["one"].budget_used == 6
     assert n_one == counts["one"].total == 6
     assert counts["two"].finished == 1 and counts["absent"].total == 0
@@ -52,10 +61,7 @@ def test_requeued_fail_trials_do_not_count_against_the_budget(db_url):
     trial = study.ask()
     trial.set_user_attr("requeued", True)  # as hpo.record marks a lost driver's trial
     study.tell(trial, state=TrialState.FAIL)
-    engine = sa.create_engine(db_url)
-    with engine.connect() as conn:
-        counts = optuna_sql.trial_counts(conn, ["rq"])["rq"]
-    engine.dispose()
+    counts = _summary(storage, "rq").counts
     assert (counts.failed, counts.requeued, counts.finished, counts.budget_used) == (2, 1, 3, 2)
 
 
@@ -68,8 +74,10 @@ def test_device_seconds_counts_running_trials_from_their_start(db_url):
         sid = storage.get_study_id_from_name("live")
         start = storage.get_trial(optuna_sql.trial_ids_page(conn, sid, 0, 1)[0]).datetime_start
         later = start.astimezone(dt.UTC) + dt.timedelta(seconds=10)
-        assert optuna_sql.device_seconds(conn, sid, devices_held=2.0, now=later) == 20.0
-        assert optuna_sql.trial_counts(conn, ["live"])["live"].running == 1
+        summary = _summary(storage, "live", devices_held=2.0)
+        assert summary.device_seconds(now=later) == 20.0
+        assert summary.counts.running == 1
+        assert summary.device_seconds(now=later - dt.timedelta(seconds=60)) == 0.0  # never < 0
     engine.dispose()
 
 
@@ -125,7 +133,7 @@ def test_load_trials_and_best_trial_equal_optunas_own_read(db_url, directions):
         loaded = optuna_sql.load_trials(conn, [t._trial_id for t in reversed(expected)])
         bare = optuna_sql.load_trials(conn, [expected[1]._trial_id, 10**9],
                                       intermediate=False)
-        best = optuna_sql.best_trials(conn, study._study_id)
+    best = _summary(storage, "so").best_trials()
     engine.dispose()
     assert [_plain(t) for t in loaded] == [_plain(t) for t in reversed(expected)]
     assert len(bare) == 1 and bare[0].intermediate_values == {}
@@ -141,42 +149,10 @@ def test_load_trials_and_best_trial_equal_optunas_own_read(db_url, directions):
 def test_pareto_front_equals_optunas_best_trials(db_url, directions, constrained):
     storage = open_storage(db_url)
     study = _varied_study(storage, "mo", directions, 80, constrained=constrained)
-    engine = sa.create_engine(db_url)
-    with engine.connect() as conn:
-        front = optuna_sql.best_trials(conn, study._study_id)
-        empty = optuna.create_study(study_name="empty", storage=storage, directions=directions)
-        none = optuna_sql.best_trials(conn, empty._study_id)
-    engine.dispose()
+    front = _summary(storage, "mo").best_trials()
+    optuna.create_study(study_name="empty", storage=storage, directions=directions)
+    none = _summary(storage, "empty").best_trials()
     expected = study.best_trials
     assert 1 <= len(expected) < 40 and none == []
     assert [t.number for t in front] == [t.number for t in expected]
     assert [_plain(t) for t in front] == [_plain(t) for t in expected]  # no curves: MO
-
-
-def test_a_kept_pareto_front_follows_new_trials_and_a_study_made_again(db_url):
-    storage = open_storage(db_url)
-    engine = sa.create_engine(db_url)
-
-    def front(study: optuna.Study) -> list[int]:
-        with engine.connect() as conn:
-            return [t.number for t in optuna_sql.best_trials(conn, study._study_id)]
-
-    study = optuna.create_study(study_name="kept", storage=storage,
-                                directions=["minimize", "minimize"])
-    for values in ([2.0, 2.0], [3.0, 1.0]):
-        study.add_trial(optuna.trial.create_trial(values=values))
-    assert front(study) == [0, 1]
-    assert front(study) == [0, 1]  # kept
-    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))  # dominates both
-    assert front(study) == [2]
-    running = study.ask()
-    assert front(study) == [2]  # a trial that has not completed changes nothing
-    study.tell(running, [0.5, 3.0])
-    assert front(study) == [2, 3] == [t.number for t in study.best_trials]
-    optuna.delete_study(study_name="kept", storage=storage)
-    again = optuna.create_study(study_name="kept", storage=storage,
-                                directions=["minimize", "minimize"])
-    for values in ([5.0, 5.0], [4.0, 6.0], [9.0, 9.0], [6.0, 4.0]):
-        again.add_trial(optuna.trial.create_trial(values=values))
-    assert front(again) == [0, 1, 3] == [t.number for t in again.best_trials]
-    engine.dispose()

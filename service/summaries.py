@@ -1,0 +1,102 @@
+"""Study summaries in the service's own table (``hpo_study_summaries``).
+
+A study's driver keeps its summary current (:func:`summary_tracker`: a
+``hpo.summary.SummaryTracker`` listening to the driver's record, writing through
+:func:`summary_writer`, guarded by the driver's claim). The API's reads of studies read
+the table (:func:`read_summaries`); a study with no summary yet (queued, or made by a
+version before the table) has one computed from Optuna's public API
+(:func:`compute_summary`), stored once the study has ended (:func:`store_summary`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import optuna
+import sqlalchemy as sa
+import sqlalchemy.dialects.postgresql
+import sqlalchemy.dialects.sqlite
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpo.spec import StudySpec, load_stored
+from hpo.storage import open_storage
+from hpo.summary import StudySummary, SummaryTracker, devices_held
+from service.db import StudyRow, SummaryRow, utcnow
+
+_INSERTS = {"sqlite": sa.dialects.sqlite.insert, "postgresql": sa.dialects.postgresql.insert}
+
+
+def summary_writer(sessions: sessionmaker, name: str,
+                   claim: str) -> Callable[[StudySummary], None]:
+    """A ``SummaryTracker.write`` for the driver of study ``name``: upserts its summary
+    in one statement, only while the study is claimed by ``claim`` (a driver that lost
+    its claim writes nothing)."""
+
+    def write(summary: StudySummary) -> None:
+        claimed = (sa.select(StudyRow.id, sa.literal(summary.to_json(), sa.Text),
+                             sa.literal(utcnow(), SummaryRow.updated_at.type))
+                   .where(StudyRow.name == name, StudyRow.claimed_by == claim))
+        with sessions.begin() as session:
+            statement = _insert(session)(SummaryRow).from_select(
+                [SummaryRow.study_id, SummaryRow.summary, SummaryRow.updated_at], claimed)
+            session.execute(statement.on_conflict_do_update(
+                index_elements=[SummaryRow.study_id],
+                set_={"summary": statement.excluded.summary,
+                      "updated_at": statement.excluded.updated_at}))
+
+    return write
+
+
+def summary_tracker(storage_url: str, sessions: sessionmaker, spec: StudySpec,
+                    claim: str) -> SummaryTracker:
+    """The tracker a driver passes as its record's listener (``run_study(listener=...)``):
+    it reads the stored study once and writes its summary now, then as its trials change
+    (at most once a second) and at :meth:`~hpo.summary.SummaryTracker.flush`.
+
+    Raises:
+        hpo.errors.StorageError: the storage cannot be opened.
+    """
+    write = summary_writer(sessions, spec.name, claim)
+    devices = devices_held(spec.resources)
+    storage = open_storage(storage_url)
+    try:
+        return SummaryTracker.from_storage(storage, spec.name, devices, write=write)
+    except KeyError:  # not stored yet: run_study stores it
+        return SummaryTracker([o.direction for o in spec.objectives], devices, write=write)
+    finally:
+        storage.engine.dispose()
+
+
+def read_summaries(session: Session, study_ids: Iterable[int]) -> dict[int, StudySummary]:
+    """The stored summaries of the studies ``study_ids`` (by ``hpo_studies.id``) that have one.
+    One statement on the service's own table."""
+    ids = list(study_ids)
+    if not ids:
+        return {}
+    rows = session.execute(sa.select(SummaryRow.study_id, SummaryRow.summary)
+                           .where(SummaryRow.study_id.in_(ids)))
+    return {study_id: StudySummary.from_json(text) for study_id, text in rows}
+
+
+def compute_summary(storage: optuna.storages.BaseStorage, row: StudyRow) -> StudySummary:
+    """A study's summary from Optuna's public API (reads every trial of the study): for a
+    study whose driver has written none. No Optuna study yet: zero counts."""
+    spec = load_stored(row.spec)
+    try:
+        tracker = SummaryTracker.from_storage(storage, row.name, devices_held(spec.resources))
+    except KeyError:
+        return StudySummary(optuna_study_id=None, n_objectives=len(spec.objectives),
+                            devices_held=devices_held(spec.resources))
+    return tracker.summary()
+
+
+def store_summary(session: Session, study_id: int, summary: StudySummary) -> None:
+    """Store ``summary`` for the study unless it has one (the driver's wins)."""
+    values = {"study_id": study_id, "summary": summary.to_json(), "updated_at": utcnow()}
+    session.execute(_insert(session)(SummaryRow).values(**values).on_conflict_do_nothing())
+
+
+def _insert(session: Session):
+    """The upserting INSERT of the session's database (the service runs on SQLite and
+    PostgreSQL only: its heartbeat needs ``UPDATE ... RETURNING`` too)."""
+    return _INSERTS[session.get_bind().dialect.name]
