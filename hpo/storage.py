@@ -5,6 +5,9 @@ writes and a dashboard reading the same file wait for each other instead of
 failing with "database is locked" (optuna#820, optuna-dashboard#545). WAL is a
 property of the database file and is set once, before Optuna's engine opens it;
 the busy timeout (``connect_args``) and ``synchronous=NORMAL`` are per connection.
+
+The one module that uses Optuna's private names (``hpo.pinned``): change
+``OPTUNA_VERSION`` only after checking each of them against the new Optuna.
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ import sqlalchemy
 import sqlalchemy.dialects.postgresql
 import sqlalchemy.dialects.sqlite
 import sqlalchemy.exc
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
+from optuna.study._multi_objective import _is_pareto_front
 from sqlalchemy.engine import make_url
 
 from hpo.errors import StorageError
+from hpo.pinned import require
+
+OPTUNA_VERSION = "5.0.0"
+
+require("Optuna", optuna.__version__, OPTUNA_VERSION, __name__)
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 DEFAULT_STORAGE_URL = "sqlite:///hpo.db"
@@ -119,13 +130,7 @@ def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
     """
     if not attrs:
         return
-    try:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-    except ImportError:  # a future Optuna moved them: fall back to the public API
-        models = None
-    if not isinstance(storage, optuna.storages.RDBStorage) or models is None or not hasattr(
-            storage, "_set_trial_attr_without_commit"):
+    if not isinstance(storage, optuna.storages.RDBStorage):
         for key, value in attrs.items():
             storage.set_trial_user_attr(trial_id, key, value)
         return
@@ -158,8 +163,7 @@ def pareto_front_mask(losses):
     """Which rows of ``losses`` no other row dominates (all objectives minimized).
 
     Optuna's own non-dominated sort, the one ``Study.best_trials`` uses, over values
-    already read (the service reads them set-based); Optuna keeps it private, so this
-    module, its seam for Optuna's private names, holds the import.
+    already read (the service reads them set-based); Optuna keeps it private.
 
     Args:
         losses: float array of shape ``(n_trials, n_objectives)``, finite or ``inf``.
@@ -167,6 +171,4 @@ def pareto_front_mask(losses):
     Returns:
         bool array of shape ``(n_trials,)``; rows equal to a front row are on the front too.
     """
-    from optuna.study._multi_objective import _is_pareto_front
-
     return _is_pareto_front(losses, assume_unique_lexsorted=False)

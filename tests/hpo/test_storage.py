@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from hpo.errors import StorageError
-from hpo.storage import open_storage, redact, set_trial_user_attrs, sqlite_path
+from hpo.storage import open_storage, redact, set_trial_user_attrs, sqlite_path, trial_id_of
 
 
 def test_sqlite_is_opened_in_wal_mode_with_a_busy_timeout(tmp_path):
@@ -100,22 +100,22 @@ def _bulk_matches_per_key(storage, name: str) -> None:
     for trial in (bulk, one_by_one):
         trial.set_user_attr("checkpoint", "/runs/old")  # overwritten below
         trial.set_user_attr("ray_trial_id", "abc_00001")  # kept
-    set_trial_user_attrs(storage, bulk._trial_id, ATTRS)
+    set_trial_user_attrs(storage, trial_id_of(bulk), ATTRS)
     for key, value in ATTRS.items():
-        storage.set_trial_user_attr(one_by_one._trial_id, key, value)
-    got = storage.get_trial(bulk._trial_id).user_attrs
-    assert got == storage.get_trial(one_by_one._trial_id).user_attrs
+        storage.set_trial_user_attr(trial_id_of(one_by_one), key, value)
+    got = storage.get_trial(trial_id_of(bulk)).user_attrs
+    assert got == storage.get_trial(trial_id_of(one_by_one)).user_attrs
     assert got == {**ATTRS, "ray_trial_id": "abc_00001"}
     study.tell(bulk, 1.0)
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
-        set_trial_user_attrs(storage, bulk._trial_id, {"late": 1})
-    assert "late" not in storage.get_trial(bulk._trial_id).user_attrs
+        set_trial_user_attrs(storage, trial_id_of(bulk), {"late": 1})
+    assert "late" not in storage.get_trial(trial_id_of(bulk)).user_attrs
     with pytest.raises(KeyError):
         set_trial_user_attrs(storage, 10**9, {"x": 1})
     many = {f"k{i}": i for i in range(25_000)}  # more rows than one statement may carry
     trial = study.ask()
-    set_trial_user_attrs(storage, trial._trial_id, many)
-    assert storage.get_trial(trial._trial_id).user_attrs == many
+    set_trial_user_attrs(storage, trial_id_of(trial), many)
+    assert storage.get_trial(trial_id_of(trial)).user_attrs == many
 
 
 def test_bulk_user_attributes_match_optunas_own_setter_on_sqlite(tmp_path):
@@ -130,5 +130,5 @@ def test_bulk_user_attributes_on_other_storages_go_key_by_key():
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(storage=storage)
     trial = study.ask()
-    set_trial_user_attrs(storage, trial._trial_id, ATTRS)
-    assert storage.get_trial(trial._trial_id).user_attrs == ATTRS
+    set_trial_user_attrs(storage, trial_id_of(trial), ATTRS)
+    assert storage.get_trial(trial_id_of(trial)).user_attrs == ATTRS
