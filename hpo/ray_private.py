@@ -9,14 +9,21 @@ Ray's source.
 
 from __future__ import annotations
 
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
 import ray
+from ray import tune
+from ray.tune.schedulers import HyperBandScheduler, TrialScheduler
+
+from hpo.pinned import require
 
 RAY_VERSION = "2.60.0"
 
-if ray.__version__ != RAY_VERSION:  # pragma: no cover - only on an upgrade of Ray
-    raise ImportError(
-        f"hpo.ray_private was written against Ray {RAY_VERSION}, found {ray.__version__}: "
-        f"check its private names against the new Ray, then update RAY_VERSION")
+require("Ray", ray.__version__, RAY_VERSION, __name__)
 
 
 def ray_connection_alive(timeout_s: float = 5.0) -> bool:
@@ -34,3 +41,115 @@ def ray_connection_alive(timeout_s: float = 5.0) -> bool:
     except Exception:  # noqa: BLE001 - any failure: start afresh rather than abort later
         return False
     return True
+
+
+# -- Ray Tune schedulers: overrides at private seams ------------------------------------
+
+log = logging.getLogger(__name__)
+
+
+class HyperBand(HyperBandScheduler):
+    """Ray's synchronous Hyperband, with fixes at its pause and trial-removal seams.
+
+    * A trial that reached ``max_t`` is stopped, not paused to wait for its
+      bracket-mates: it has nothing left to train, and a pause decided while its
+      checkpoint is being saved is applied after the bracket is cleaned up, which
+      left it PAUSED forever and Tune waiting on it (seen with ray 2.60; the
+      paused-forever lineage of ray#6780 and ray#39157).
+    * When a removal (a trial ended, errored or was removed) finishes the bracket,
+      its PAUSED trials are stopped: Ray's ``on_trial_remove`` skips a bracket that
+      the removal finished. Reads the private ``_trial_info`` to find the bracket.
+
+    Args:
+        time_attr: the result key counting progress (``step``, optimizer updates).
+        max_t: the most ``time_attr`` a trial trains, >= 1.
+        **kwargs: the rest of ``HyperBandScheduler``'s arguments.
+    """
+
+    def __init__(self, *, time_attr: str, max_t: int, **kwargs) -> None:
+        super().__init__(time_attr=time_attr, max_t=max_t, **kwargs)
+        self.time_key, self.max_t = time_attr, max_t
+
+    def on_trial_result(self, tune_controller, trial, result):
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.PAUSE and result.get(self.time_key, 0) >= self.max_t:
+            return TrialScheduler.STOP
+        return decision
+
+    def on_trial_complete(self, tune_controller, trial, result):
+        self.on_trial_remove(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller, trial):
+        self.on_trial_remove(tune_controller, trial)
+
+    def on_trial_remove(self, tune_controller, trial):
+        bracket, _ = self._trial_info[trial]
+        super().on_trial_remove(tune_controller, trial)
+        if bracket.finished():
+            bracket.cleanup_full(tune_controller)
+
+
+OnExploit = Callable[[str, str, "int | None", dict, dict], None]
+
+
+class PinnedExploits:
+    """Mixin for Ray's ``PopulationBasedTraining`` and ``PB2``: pinned donor checkpoints,
+    and a hook told of every exploit. Overrides PBT's private ``_checkpoint_or_exploit``
+    and ``_exploit`` and reads its ``_trial_state``; Ray has no public hook for either.
+
+    Args:
+        pin_dir: where donor checkpoints are copied (``hpo.tune.driver.pins_dir``).
+        on_exploit: called after each exploit as ``on_exploit(trial_id, donor_trial_id,
+            donor_step, old_config, new_config)`` (Ray trial ids; ``donor_step`` the
+            donor's ``time_attr`` when cloned, or ``None``; configs as copied dicts).
+        time_attr: the result key of ``donor_step``.
+        **kwargs: the PBT or PB2 arguments.
+    """
+
+    _trial_state: dict
+
+    def __init__(self, pin_dir: Path, on_exploit: OnExploit | None, time_attr: str,
+                 **kwargs) -> None:
+        super().__init__(time_attr=time_attr, **kwargs)
+        self.pin_dir, self.on_exploit, self.time_key = pin_dir, on_exploit, time_attr
+
+    def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
+        """Ray's step, except how a top trial's checkpoint is kept.
+
+        Ray schedules an extra save here; for a function trainable that reports a
+        checkpoint with every result, that registers the same checkpoint twice
+        and its retention then deletes checkpoints still listed ("Error handling
+        checkpoint", and the restores of ray#9036). Instead the checkpoint
+        reported with this very result is copied aside (pinned) and remembered.
+        """
+        state = self._trial_state[trial]
+        state.last_checkpoint = self._pin(trial, state) if trial in upper_quantile else None
+        if trial not in lower_quantile:
+            return
+        trial_to_clone = random.choice(upper_quantile)
+        if self._trial_state[trial_to_clone].last_checkpoint is None:
+            log.info("no checkpoint for trial %s: trial %s does not exploit it",
+                     trial_to_clone, trial)
+            return
+        self._exploit(tune_controller, trial, trial_to_clone)
+
+    def _pin(self, trial, state) -> tune.Checkpoint | None:
+        name = (state.last_result or {}).get("checkpoint_dir_name")
+        if name:
+            source = tune.Checkpoint(path=f"{trial.storage.trial_fs_path}/{name}",
+                                     filesystem=trial.storage.storage_filesystem)
+        else:  # a result without its own checkpoint: the newest one registered
+            source = trial.checkpoint
+        if source is None:
+            return None
+        target = self.pin_dir / f"{trial.trial_id}-{uuid.uuid4().hex[:8]}"
+        source.to_directory(str(target))
+        return tune.Checkpoint.from_directory(str(target))
+
+    def _exploit(self, tune_controller, trial, trial_to_clone):
+        old = dict(trial.config)
+        step = (self._trial_state[trial_to_clone].last_result or {}).get(self.time_key)
+        super()._exploit(tune_controller, trial, trial_to_clone)
+        if self.on_exploit is not None:
+            self.on_exploit(trial.trial_id, trial_to_clone.trial_id, step, old,
+                            dict(trial.config))

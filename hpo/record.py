@@ -8,9 +8,10 @@ Ray itself. What it guarantees, each point answering a trap of ray's
 * every reported result is an intermediate value at ``step`` = optimizer
   updates, the last one included;
 * a trial ends COMPLETE only when it trained to its end (or stopped itself,
-  e.g. early stopping); stopped from outside before its planned updates it ends
-  PRUNED, with ``stopped_by`` and ``budget_updates`` attributes
-  (ray#15283 lineage);
+  e.g. early stopping: its trainer's ``stop_reason`` on its last result); stopped
+  from outside (a scheduler's STOP decision, the user, the time budget) before
+  its planned updates it ends PRUNED, with ``stopped_by`` and ``budget_updates``
+  attributes (ray#15283 lineage);
 * a trial that raised ends FAIL with the error text; a NaN or infinite
   objective ends FAIL with the reason, never stuck in RUNNING (optuna#3132);
 * a COMPLETE trial's value is the objective's last reported value, or its best
@@ -35,7 +36,7 @@ from optuna.trial import TrialState
 
 from hpo.errors import StudyExistsError
 from hpo.space import build_sampler, distributions
-from hpo.spec import StudySpec
+from hpo.spec import StudySpec, load_stored
 from hpo.storage import set_trial_user_attrs, trial_id_of
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 SPEC_ATTR = "hpo_spec"
 RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopted trial resumes
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
+STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
 
 
 class TrialListener(Protocol):
@@ -62,7 +65,8 @@ class TrialProgress:
     wall_time_s: float = 0.0
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
     values: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (step, objective)
-    stopped_by: str | None = None
+    stopped_by: str | None = None  # who stopped it from outside, if anyone
+    decision: str | None = None  # the scheduler's decision on the last result
     told: bool = False
     checkpoint: str | None = None  # the ``checkpoint`` attribute as last written
 
@@ -106,7 +110,7 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.
     stored = study.user_attrs.get(SPEC_ATTR)
     if stored is None:
         study.set_user_attr(SPEC_ATTR, spec.to_dict())
-    elif stored != spec.to_dict():
+    elif load_stored(stored) != spec:  # as models: an older stored form still opens
         new = spec.to_dict()
         differ = sorted(k for k in {*stored, *new} if stored.get(k) != new.get(k))
         raise StudyExistsError(f"study {spec.name!r} exists with a different spec ("
@@ -277,9 +281,14 @@ class StudyRecord:
     # -- results -----------------------------------------------------------------------
 
     def result(self, ray_trial_id: str, result: Mapping[str, Any]) -> None:
-        """Record one reported result: an intermediate value at step = optimizer updates."""
+        """Record one reported result: an intermediate value at step = optimizer updates.
+
+        Called once per result (``hpo.tune.schedulers.RecordingScheduler``). A value
+        already stored at that step is not written again (a resumed trial reports
+        its last evaluation once more).
+        """
         t = self.trials[ray_trial_id]
-        if t.told:  # Tune replays the last result to schedulers after a trial ended
+        if t.told:  # a late result of a trial that has ended (ray#19274)
             return
         t.last = dict(result)
         if self.spec.is_multi_objective or "step" not in result:
@@ -294,8 +303,18 @@ class StudyRecord:
         else:
             t.values[-1] = (step, value)
 
+    def decided(self, ray_trial_id: str, decision: str, by: str) -> None:
+        """A scheduler's decision on the trial's last result (Ray's ``CONTINUE``, ``PAUSE``,
+        ``STOP``, ``NOOP``): a ``STOP`` makes ``by`` the one who stopped the trial."""
+        t = self.trials.get(ray_trial_id)
+        if t is None or t.told:
+            return
+        t.decision = decision
+        if decision == STOP:
+            t.stopped_by = by
+
     def note_stop(self, ray_trial_id: str, stopped_by: str) -> None:
-        """A scheduler, pruner or user decided to stop this trial (attribution only)."""
+        """Someone outside the trial stopped it (a scheduler, the user, the time budget)."""
         if ray_trial_id in self.trials:
             self.trials[ray_trial_id].stopped_by = stopped_by
 
@@ -307,15 +326,16 @@ class StudyRecord:
 
     def complete_or_prune(self, ray_trial_id: str, default_stopper: str,
                           stopped: bool = False) -> TrialState:
-        """End a trial that stopped without error: COMPLETE if it trained to its end, else PRUNED.
+        """End a trial that stopped without error, from what the record was told.
 
-        It trained to its end when its function returned by itself (its last
-        result is not ``done``: Tune marks ``done`` the result a scheduler stops
-        a trial on, and no one noted a stop) or when its last result reached its
-        planned updates, or the scheduler's ``max_t`` if that is lower (ASHA and
-        Hyperband stop every trial there). ``stopped``: the
-        whole experiment was stopped under it. A NaN or infinite objective ends
-        it FAIL instead.
+        COMPLETE when it trained to its end: its trainer stopped by itself (its last
+        result carries the trainer's ``stop_reason``: budget, early stopping) and no
+        one stopped it from outside, or its last result reached its planned updates,
+        or the scheduler's ``max_t`` if that is lower (ASHA and Hyperband stop every
+        trial there). Otherwise PRUNED, ``stopped_by`` the scheduler that decided
+        STOP (``decided``), the one noted (``note_stop``), or ``default_stopper``.
+        ``stopped``: the whole experiment was stopped under it. A NaN or infinite
+        objective ends it FAIL instead.
         """
         t = self.trials[ray_trial_id]
         if t.told:
@@ -327,8 +347,9 @@ class StudyRecord:
         max_t = getattr(self.spec.scheduler, "max_t", None)
         budget = planned if max_t is None or planned is None else min(planned, max_t)
         at_end = budget is not None and last.get("step", 0) >= budget
-        returned = not stopped and t.stopped_by is None and not last.get("done", False)
-        if not (returned or at_end) and (last or t.stopped_by):
+        trainer_stop = last.get(STOP_REASON)
+        by_itself = not stopped and t.stopped_by is None and trainer_stop is not None
+        if not (by_itself or at_end) and (last or t.stopped_by):
             self._finish(t, TrialState.PRUNED, None, {
                 "stopped_by": t.stopped_by or default_stopper,
                 "budget_updates": last.get("step"), "planned_updates": planned})
@@ -339,7 +360,7 @@ class StudyRecord:
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
             return self.fail(ray_trial_id, f"objective is {bad[0]} (not finite)")
-        reason = ("stopped itself (early stopping)" if not at_end else
+        reason = (f"stopped itself ({str(trainer_stop).replace('_', ' ')})" if not at_end else
                   "reached its planned updates" if budget == planned else
                   f"reached the scheduler's max_t ({budget} updates)")
         self._finish(t, TrialState.COMPLETE, values, {"stop_reason": reason})

@@ -34,6 +34,9 @@ Metrics reported at every evaluation (``Reporter.report``):
 ``tokens_per_s``       the same in tokens (token tasks only)
 ``peak_memory_bytes``  peak CUDA memory allocated, or the process's peak RSS on CPU
 ``time_s``             seconds since ``fit`` started
+``stop_reason``        only in the run's last report: why it stops (``max_updates``,
+                       ``max_epochs``, ``early_stopping``), as ``TrainResult`` says;
+                       absent when the reporter itself stops the run
 =====================  ==========================================================
 """
 
@@ -206,6 +209,32 @@ class _Loop:
             return "max_updates"
         return None
 
+    def _told(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The report of an evaluation: its metrics, with ``stop_reason`` if it is the last."""
+        reason = self._stops_after_this_evaluation()
+        return dict(metrics) if reason is None else {**metrics, "stop_reason": reason}
+
+    def _stops_after_this_evaluation(self) -> str | None:
+        """Why the run stops right after the evaluation just made, if it does: the stop
+        ``train`` then sets, in its order (see there), known before the report.
+
+        Inside an epoch (an evaluation after an update) ``max_updates`` is checked
+        first, then the end of the last epoch if this update consumed its last
+        batch; at an epoch's end (``position`` 0) ``max_epochs`` comes first.
+        """
+        c, state = self.run.config, self.state
+        if state.stop_reason is not None:  # the final evaluation, or a resume's report
+            return state.stop_reason
+        if self._patience_exhausted():
+            return "early_stopping"
+        updates_done = c.max_updates is not None and state.step >= c.max_updates
+        if state.position == 0:
+            epochs_done = c.max_epochs is not None and state.epoch >= c.max_epochs
+            return "max_epochs" if epochs_done else "max_updates" if updates_done else None
+        last_batch = state.position >= self.run.samples_per_rank
+        epochs_done = last_batch and c.max_epochs is not None and state.epoch + 1 >= c.max_epochs
+        return "max_updates" if updates_done else "max_epochs" if epochs_done else None
+
     def _patience_exhausted(self) -> bool:
         patience = self.run.config.early_stopping_patience
         return patience is not None and self.state.evals_without_improvement >= patience
@@ -303,7 +332,7 @@ class _Loop:
                 ckpt.mark_best(run.checkpoint_root, state.step, run.early_stopping_metric,
                                state.best_value, durable=c.checkpoint_fsync)
         # the reporter's checkpoint of this step is the one just written, if any
-        decision = self.reporter.report(metrics, lambda: saved or self._save(meta))
+        decision = self.reporter.report(self._told(metrics), lambda: saved or self._save(meta))
         if broadcast_flag(decision is Decision.STOP, run.dist):
             state.stop_reason = "reporter"
         elif self._patience_exhausted():
@@ -318,7 +347,7 @@ class _Loop:
         self._snapshot_rng()
         metrics = self.history[-1]
         meta = self._meta(metrics)
-        self.reporter.report(dict(metrics), lambda: self._save(meta))
+        self.reporter.report(self._told(metrics), lambda: self._save(meta))
 
     def _train_metrics(self) -> dict[str, float]:
         run, state, w = self.run, self.state, self.window

@@ -1,9 +1,10 @@
 """``RecordCallback``: Ray Tune's trial events, written into the Optuna record.
 
-Tune calls callbacks for every result (including the one a scheduler stops a
-trial on, which searchers never see), when a trial completes, and when it
-finally errors; retries (``max_failures``) keep the same Ray trial id and so
-continue the same Optuna trial.
+Tune calls callbacks when a trial starts, is restored, retried or checkpointed,
+for every result, when it completes, and when it finally errors; retries
+(``max_failures``) keep the same Ray trial id and so continue the same Optuna
+trial. Results themselves are recorded, once each and with the scheduler's
+decision, by ``hpo.tune.schedulers.RecordingScheduler``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class RecordCallback(Callback):
         record: the study's record.
         stopper_label: who stopped a trial that ends early without a recorded
             decision (e.g. a Hyperband bracket stopping a paused trial).
-        on_change: called after every finished trial and result (progress display).
+        on_change: called after every started and finished trial and every result
+            (progress display).
     """
 
     def __init__(self, record: StudyRecord, stopper_label: str,
@@ -70,7 +72,6 @@ class RecordCallback(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._ensure(trial)
-        self.record.result(trial.trial_id, result)
         if result.get(TRAIN_CHECKPOINT_KEY):  # a DDP trial's checkpoint, persisted by Ray Train
             self.record.checkpointed(trial.trial_id, result[TRAIN_CHECKPOINT_KEY])
         self.on_change()

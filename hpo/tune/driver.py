@@ -2,7 +2,8 @@
 
 The Tuner is assembled from small ``build_*`` pieces: the record (Optuna side),
 the searcher that asks the study, the scheduler, the trainable with its
-resources, and the callback that writes every event into the record.
+resources, and the callback that writes every other event into the record (the
+scheduler, wrapped in ``RecordingScheduler``, records the results).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from hpo.taskcode import task_code
 from hpo.tune.callback import RecordCallback
 from hpo.tune.pbt import build_pbt, remove_pins
 from hpo.tune.pbt import param_space as pbt_param_space
-from hpo.tune.schedulers import build_scheduler
+from hpo.tune.schedulers import RecordingScheduler, build_scheduler
 from hpo.tune.searcher import StudySearcher
 from hpo.tune.trainable import TrialSetup, train_trial
 from hpo.validation import check_budgets
@@ -181,7 +182,8 @@ def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: P
     param_space = None
     max_concurrent = spec.budget.max_concurrent_trials
     if spec.scheduler.name in POPULATION_SCHEDULERS:  # Ray's PBT refuses any search algorithm
-        scheduler = build_pbt(spec, record, pins_dir(spec, results_dir))
+        scheduler = RecordingScheduler(build_pbt(spec, record, pins_dir(spec, results_dir)),
+                                       record, spec.scheduler.name)
         search_alg = BasicVariantGenerator(random_state=spec.sampler.seed,
                                            max_concurrent=max_concurrent)
         param_space = pbt_param_space(spec)
@@ -217,9 +219,12 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
               listener: TrialListener | None = None) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
-    Runtime checks (the cluster can hold a trial, warm-start sources, scheduler
-    budgets against the trials' planned updates) happen before a new study is
-    stored. One driver runs a study at a time (``hpo.lease``).
+    The dataset check (scheduler budgets against the trials' planned updates)
+    runs at every start, before anything is stored, and raises ``SpecError``
+    naming the field (the service then ends the study FAILED with that one
+    line). The other runtime checks (the cluster can hold a trial, warm-start
+    sources) happen before a new study is stored. One driver runs a study at a
+    time (``hpo.lease``).
 
     Args:
         spec: a validated spec (``hpo.spec.load_spec``).
@@ -248,15 +253,15 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     results_dir = Path(results_dir)
     cluster_checked = False
     runtime_env = task_code(spec.task).runtime_env()  # the task's code, unless built in
+    check_budgets(spec)  # needs the task's datasets: at every start, before anything is stored
     if not _stored(storage, spec.name):  # refuse what cannot run before storing anything
         warm_start_points(spec, storage)
-        check_budgets(spec)
         init_ray(ray_address, num_cpus, runtime_env)
         check_resources(spec)
         cluster_checked = True
     record = StudyRecord(spec, storage, listener=listener)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
-    with DriverLease(record.study):
+    with DriverLease(storage, spec.name):
         enqueue_warm_start(record)
         plan = plan_trials(record)
         if plan.n_ray_trials > 0:

@@ -3,7 +3,8 @@
 Ray refuses PBT with any search algorithm, so a PBT study samples its
 population with Ray's own variant generator from the spec's search space; the
 same space gives ``hyperparam_mutations``. :class:`RecordingPBT` is Ray's
-``PopulationBasedTraining`` with one thin seam around ``_exploit`` that
+``PopulationBasedTraining`` with one thin seam around its private ``_exploit``
+(:class:`hpo.ray_private.PinnedExploits`, the module for Ray's private names) that
 
 * records every exploit on the receiving trial (donor trial number, the update
   step, old and new hyperparameters), so that the dashboard shows the schedule
@@ -21,10 +22,7 @@ bounds; PB2's GP picks any value in the bounds) through PBT's public
 
 from __future__ import annotations
 
-import logging
-import random
 import shutil
-import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -36,12 +34,12 @@ from ray.tune.schedulers import PopulationBasedTraining
 from ray.tune.schedulers.pb2 import PB2
 from ray.tune.search.sample import Domain, Float, Integer, Sampler
 
+from hpo.ray_private import PinnedExploits
 from hpo.record import StudyRecord
 from hpo.space import grid_count, grid_point, snap
 from hpo.spec import CategoricalParam, FloatParam, IntParam, StudySpec
 
 TIME_ATTR = "step"
-log = logging.getLogger(__name__)
 
 
 class OnGrid(Sampler):
@@ -113,80 +111,45 @@ def clip_to_space(spec: StudySpec) -> Callable[[dict], dict]:
     return clip
 
 
-class _Lineage:
-    """Mixin for Ray's PBT and PB2: record exploits, pin donor checkpoints (see module doc)."""
+def exploit_recorder(spec: StudySpec, record: StudyRecord):
+    """The ``on_exploit`` hook of :class:`hpo.ray_private.PinnedExploits`: the exploit, on
+    the search space's parameters only, written to the receiving trial's record."""
+    names = list(spec.search_space)
 
-    _trial_state: dict
+    def on_exploit(trial_id: str, donor_id: str, step: int | None, old: dict,
+                   new: dict) -> None:
+        record.exploited(trial_id, donor_id, step, {k: old.get(k) for k in names},
+                         {k: new.get(k) for k in names})
 
-    def __init__(self, record: StudyRecord, pin_dir: Path, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.record = record
-        self.pin_dir = pin_dir
-
-    def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
-        """Ray's step, except how a top trial's checkpoint is kept.
-
-        Ray schedules an extra save here; for a function trainable that reports a
-        checkpoint with every result, that registers the same checkpoint twice
-        and its retention then deletes checkpoints still listed ("Error handling
-        checkpoint", and the restores of ray#9036). Instead the checkpoint
-        reported with this very result is copied aside (pinned) and remembered.
-        """
-        state = self._trial_state[trial]
-        state.last_checkpoint = self._pin(trial, state) if trial in upper_quantile else None
-        if trial not in lower_quantile:
-            return
-        trial_to_clone = random.choice(upper_quantile)
-        if self._trial_state[trial_to_clone].last_checkpoint is None:
-            log.info("no checkpoint for trial %s: trial %s does not exploit it",
-                     trial_to_clone, trial)
-            return
-        self._exploit(tune_controller, trial, trial_to_clone)
-
-    def _pin(self, trial, state) -> tune.Checkpoint | None:
-        name = (state.last_result or {}).get("checkpoint_dir_name")
-        if name:
-            source = tune.Checkpoint(path=f"{trial.storage.trial_fs_path}/{name}",
-                                     filesystem=trial.storage.storage_filesystem)
-        else:  # a result without its own checkpoint: the newest one registered
-            source = trial.checkpoint
-        if source is None:
-            return None
-        target = self.pin_dir / f"{trial.trial_id}-{uuid.uuid4().hex[:8]}"
-        source.to_directory(str(target))
-        return tune.Checkpoint.from_directory(str(target))
-
-    def _exploit(self, tune_controller, trial, trial_to_clone):
-        names = list(self.record.spec.search_space)
-        old = {k: trial.config.get(k) for k in names}
-        step = (self._trial_state[trial_to_clone].last_result or {}).get(TIME_ATTR)
-        super()._exploit(tune_controller, trial, trial_to_clone)
-        new = {k: trial.config.get(k) for k in names}
-        self.record.exploited(trial.trial_id, trial_to_clone.trial_id, step, old, new)
+    return on_exploit
 
 
-class RecordingPBT(_Lineage, PopulationBasedTraining):
+class RecordingPBT(PinnedExploits, PopulationBasedTraining):
     """Ray's PopulationBasedTraining (Jaderberg et al., 2017) with the lineage seam."""
 
 
-class RecordingPB2(_Lineage, PB2):
+class RecordingPB2(PinnedExploits, PB2):
     """Ray's PB2 (Parker-Holder et al., 2020; GP-bandit exploration) with the lineage seam."""
 
 
-def build_pbt(spec: StudySpec, record: StudyRecord, pin_dir: Path) -> PopulationBasedTraining:
-    """The scheduler of a ``pbt`` or ``pb2`` spec (interval in optimizer updates)."""
+def build_pbt(spec: StudySpec, record: StudyRecord | None, pin_dir: Path
+              ) -> PopulationBasedTraining:
+    """The scheduler of a ``pbt`` or ``pb2`` spec (interval in optimizer updates); its
+    exploits go to ``record`` (none without one). Run it inside
+    ``hpo.tune.schedulers.RecordingScheduler``, which records its trials' results."""
     s = spec.scheduler
     # Ray warns that num_to_keep <= 2 breaks PBT restores; the pinning above is the fix.
     warnings.filterwarnings("ignore", message=r"Using `CheckpointConfig.num_to_keep <= 2`")
-    common = dict(time_attr=TIME_ATTR, perturbation_interval=s.perturbation_interval,
+    common = dict(pin_dir=pin_dir, on_exploit=record and exploit_recorder(spec, record),
+                  time_attr=TIME_ATTR, perturbation_interval=s.perturbation_interval,
                   quantile_fraction=s.quantile_fraction, custom_explore_fn=clip_to_space(spec),
                   log_config=False)
     if s.name == "pb2":
         bounds = {name: [p.low, p.high] for name, p in spec.search_space.items()}
-        return RecordingPB2(record, pin_dir, hyperparam_bounds=bounds, **common)
+        return RecordingPB2(hyperparam_bounds=bounds, **common)
     mutations = {name: (list(p.choices) if isinstance(p, CategoricalParam) else ray_domain(p))
                  for name, p in spec.search_space.items()}
-    return RecordingPBT(record, pin_dir, hyperparam_mutations=mutations,
+    return RecordingPBT(hyperparam_mutations=mutations,
                         resample_probability=s.resample_probability, **common)
 
 

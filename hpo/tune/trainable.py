@@ -7,9 +7,10 @@ Ray Train initializes ``torch.distributed`` (gloo on CPU, NCCL on GPU), the
 loop wraps the model in DDP, and rank 0's metrics reach Tune through
 ``TuneReportCallback``.
 
-A trial that returns by itself (trained to its end, or stopped by its own
-early stopping) is told apart from one a scheduler stopped by Tune's ``done``
-flag on the result the scheduler stopped it on (see ``hpo.record``).
+A trial that ends by itself (trained to its end, or stopped by its own early
+stopping) says so: the trainer's last report carries its ``stop_reason``
+(``trainers.loop``), which reaches the record with that result; a scheduler's
+stop reaches it as the scheduler's decision (``hpo.tune.schedulers``).
 """
 
 from __future__ import annotations

@@ -14,11 +14,13 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hpo.record import StudyRecord
 from hpo.storage import open_storage
 from hpo.tune.callback import RecordCallback
 from hpo.tune.driver import run_study
+from hpo.tune.schedulers import RecordingScheduler
 from tests.hpo.test_driver import PLANNED, toy_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +82,16 @@ def test_a_result_after_the_trial_ended_does_not_crash_the_driver(sqlite_url):
     record = StudyRecord(toy_spec("late"), open_storage(sqlite_url))
     callback = RecordCallback(record, "asha")
 
+    class StopsAll(FIFOScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            return TrialScheduler.STOP
+
+    scheduler = RecordingScheduler(StopsAll(), record, "asha")
+
+    def deliver(result):  # as Tune does: the scheduler first, then the callbacks
+        scheduler.on_trial_result(None, FakeTrial(), result)
+        callback.on_trial_result(0, [], FakeTrial(), result)
+
     class FakeTrial:
         trial_id, config, checkpoint, last_result, error_file = "r1", {}, None, {}, None
 
@@ -88,9 +100,9 @@ def test_a_result_after_the_trial_ended_does_not_crash_the_driver(sqlite_url):
 
     record.ask("r1")
     result = {"step": 3, "val_loss": 1.0, "planned_updates": PLANNED, "done": True}
-    callback.on_trial_result(0, [], FakeTrial(), result)  # a scheduler stopped it here
+    deliver(result)  # a scheduler stopped it here
     callback.on_trial_complete(0, [], FakeTrial())
-    callback.on_trial_result(0, [], FakeTrial(), {**result, "step": 6, "val_loss": 0.5})
+    deliver({**result, "step": 6, "val_loss": 0.5})
     callback.on_trial_complete(0, [], FakeTrial())
     callback.on_trial_error(0, [], FakeTrial())
     trial = record.study.trials[0]

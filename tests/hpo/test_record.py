@@ -88,7 +88,8 @@ def test_stopped_at_the_schedulers_max_t_is_complete(sqlite_url):
 def test_trial_that_stopped_itself_early_is_complete(sqlite_url):
     record = StudyRecord(_spec("early-stop"), open_storage(sqlite_url))
     record.ask("r1")
-    record.result("r1", _result(20, 0.3))  # its function returned: the last result is not done
+    # its trainer stopped by itself and says so on its last result
+    record.result("r1", _result(20, 0.3, stop_reason="early_stopping"))
     assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
     assert _trial(record, "r1").user_attrs["stop_reason"] == "stopped itself (early stopping)"
 

@@ -5,15 +5,24 @@ from __future__ import annotations
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from hpo.tune.schedulers import RecordingHyperBand
+from hpo.ray_private import HyperBand
+from hpo.tune.schedulers import RecordingScheduler
 
 
 class _Record:
     def __init__(self) -> None:
         self.stops: list[tuple[str, str]] = []
+        self.results: list[tuple[str, int]] = []
 
-    def note_stop(self, trial_id: str, label: str) -> None:
-        self.stops.append((trial_id, label))
+    def knows(self, trial_id: str) -> bool:
+        return True
+
+    def result(self, trial_id: str, result: dict) -> None:
+        self.results.append((trial_id, result["step"]))
+
+    def decided(self, trial_id: str, decision: str, by: str) -> None:
+        if decision == TrialScheduler.STOP:
+            self.stops.append((trial_id, by))
 
 
 class _Controller:
@@ -26,9 +35,9 @@ class _Controller:
 
 
 def _hyperband(n_trials: int):
-    scheduler = RecordingHyperBand(time_attr="step", max_t=12, reduction_factor=2,
-                                   metric="val_loss", mode="min")
-    scheduler.record, scheduler.label = _Record(), "hyperband"
+    inner = HyperBand(time_attr="step", max_t=12, reduction_factor=2, metric="val_loss",
+                      mode="min")
+    scheduler = RecordingScheduler(inner, _Record(), "hyperband", removal_stops=True)
     controller = _Controller()
     trials = [Trial("toy", stub=True, trial_id=f"t{i}") for i in range(n_trials)]
     for t in trials:
@@ -59,3 +68,104 @@ def test_hyperband_trial_that_ends_by_itself_is_not_noted_as_stopped():
     b.set_status(Trial.PAUSED)
     scheduler.on_trial_remove(controller, b)  # Tune removing a paused trial: a stop
     assert scheduler.record.stops == [("t1", "hyperband")]
+
+
+# -- RecordingScheduler: each result recorded once, with the decision (issue 13.3) ---------
+
+def _study_record(sqlite_url, name: str, scheduler: dict):
+    from hpo.record import StudyRecord
+    from hpo.spec import parse_spec
+    from hpo.storage import open_storage
+
+    spec = parse_spec({"name": name, "task": "toy-hpo",
+                       "config": {"max_updates": 40, "max_epochs": None},
+                       "search_space": {"lr": {"type": "float", "low": 1e-3, "high": 1e-1}},
+                       "objective": {"metric": "val_loss"}, "budget": {"n_trials": 4},
+                       "scheduler": scheduler})
+    return StudyRecord(spec, open_storage(sqlite_url))
+
+
+def _result(step: int, value: float) -> dict:
+    return {"step": step, "val_loss": value, "planned_updates": 40}
+
+
+def test_each_result_is_recorded_once_with_the_schedulers_decision(sqlite_url):
+    from optuna.trial import TrialState
+
+    from hpo.tune.callback import RecordCallback
+    from hpo.tune.schedulers import build_scheduler
+
+    pruner = {"name": "optuna-pruner",
+              "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0}}
+    record = _study_record(sqlite_url, "once", pruner)
+    writes = []
+    write = record.storage.set_trial_intermediate_value
+    record.storage.set_trial_intermediate_value = lambda *a: (writes.append(a[1:]), write(*a))
+    scheduler = build_scheduler(record.spec, record, 40)
+    callback = RecordCallback(record, "optuna-median")
+    trials = [Trial("toy", stub=True, trial_id=f"t{i}") for i in range(2)]
+    for t, value in zip(trials, [1.0, 2.0], strict=True):
+        record.ask(t.trial_id)
+        scheduler.on_trial_add(_Controller(), t)
+        result = _result(10, value)
+        decision = scheduler.on_trial_result(_Controller(), t, result)
+        callback.on_trial_result(0, trials, t, result)  # Tune tells callbacks after
+        assert decision == (TrialScheduler.CONTINUE if value == 1.0 else TrialScheduler.STOP)
+        if decision == TrialScheduler.CONTINUE:  # the first trial ends at its planned updates
+            scheduler.on_trial_result(_Controller(), t, _result(40, 0.5))
+            callback.on_trial_result(0, trials, t, _result(40, 0.5))
+        callback.on_trial_complete(0, trials, t)
+    assert writes == [(10, 1.0), (40, 0.5), (10, 2.0)]
+    first, second = record.study.trials
+    assert first.state == TrialState.COMPLETE and first.value == 0.5
+    assert second.state == TrialState.PRUNED
+    assert second.user_attrs["stopped_by"] == "optuna-median"
+    assert record.trials["t0"].decision == TrialScheduler.CONTINUE
+    assert record.trials["t1"].decision == TrialScheduler.STOP
+
+
+def test_the_recording_scheduler_delegates_every_public_hook(tmp_path):
+    class Inner(TrialScheduler):
+        _supports_buffered_results = False
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def __getattribute__(self, name):
+            if name in HOOKS:
+                object.__getattribute__(self, "calls").append(name)
+            return object.__getattribute__(self, name)
+
+        def set_search_properties(self, metric, mode, **spec):
+            self._metric = metric
+            return True
+
+        def on_trial_add(self, tune_controller, trial): ...
+        def on_trial_error(self, tune_controller, trial): ...
+        def on_trial_complete(self, tune_controller, trial, result): ...
+        def on_trial_remove(self, tune_controller, trial): ...
+        def choose_trial_to_run(self, tune_controller): return "chosen"
+        def debug_string(self): return "inner"
+        def save(self, checkpoint_path): ...
+        def restore(self, checkpoint_path): ...
+
+    HOOKS = {"set_search_properties", "on_trial_add", "on_trial_error", "on_trial_complete",
+             "on_trial_remove", "choose_trial_to_run", "debug_string", "save", "restore"}
+    inner = Inner()
+    record = _Record()
+    scheduler = RecordingScheduler(inner, record, "x")
+    trial, controller = Trial("toy", stub=True, trial_id="t0"), _Controller()
+    assert scheduler.set_search_properties("val_loss", "min") is True
+    assert scheduler.metric == "val_loss" and scheduler.supports_buffered_results is False
+    scheduler.on_trial_add(controller, trial)
+    scheduler.on_trial_error(controller, trial)
+    scheduler.on_trial_complete(controller, trial, {})
+    scheduler.on_trial_remove(controller, trial)
+    assert scheduler.choose_trial_to_run(controller) == "chosen"
+    assert scheduler.debug_string() == "inner"
+    scheduler.save(str(tmp_path / "s"))
+    scheduler.restore(str(tmp_path / "s"))
+    assert inner.calls == ["set_search_properties", "on_trial_add", "on_trial_error",
+                           "on_trial_complete", "on_trial_remove", "choose_trial_to_run",
+                           "debug_string", "save", "restore"]
+    assert record.stops == []  # a removal is a stop only for the early-stopping schedulers

@@ -165,3 +165,29 @@ def test_another_watched_metric_starts_the_early_stopping_count_afresh(tmp_path)
                   resume_from=tmp_path / "full" / "checkpoint-00000006")
     # val_neg's own count: its best at 8 (the first evaluation it sees), 2 worse after it
     assert (resumed.n_updates, resumed.best_metric, resumed.best_step) == (12, "val_neg", 8)
+
+
+STOPS = {  # more ways to end, where two limits meet: (config changes, expected stop reason)
+    **{name: (changes, reason) for name, (changes, reason, _) in RUNS.items()},
+    "max-updates-at-an-epoch-end": (dict(eval_interval=None, max_updates=8), "max_updates"),
+    "max-updates-and-epochs-together": (dict(eval_interval=4, max_epochs=2, max_updates=8),
+                                        "max_updates"),
+    "max-epochs-before-max-updates": (dict(eval_interval=None, max_epochs=2, max_updates=9),
+                                      "max_epochs"),
+    "max-epochs-mid-interval": (dict(eval_interval=5, max_epochs=2, max_updates=None),
+                                "max_epochs"),
+    "early-stopping-at-max-updates": (dict(eval_interval=2, max_updates=8, **NEVER_BETTER),
+                                      "early_stopping"),
+}
+
+
+@pytest.mark.parametrize("name", list(STOPS))
+def test_the_last_report_tells_why_the_run_stops(name, tmp_path):
+    # the trainer tells its own stop (issue 13.6): hpo's record reads it off the last result
+    changes, reason = STOPS[name]
+    reporter = ListReporter()
+    result = fit(RegressionTask(OPTIONS), _config(tmp_path, **changes), reporter)
+    assert result.stop_reason == reason
+    assert [r.get("stop_reason") for r in reporter.reports] == \
+        [None] * (len(reporter.reports) - 1) + [reason]
+    assert "stop_reason" not in result.metrics  # the history keeps the metrics only
