@@ -98,8 +98,14 @@ class Counts:
         return self.complete + self.pruned + self.failed
 
 
-def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.Study:
+def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
+               compare_spec: bool = True) -> optuna.Study:
     """Create the study named by the spec, or load it if it exists with the same spec.
+
+    ``compare_spec=False``: the caller vouches that ``spec`` is the study's own
+    stored spec (the service's driver, which read it from the service's table,
+    written by the same create as the Optuna study), so the ``hpo_spec``
+    attribute is neither read back and compared nor written.
 
     Raises:
         StudyExistsError: a study of that name exists with a different spec.
@@ -107,6 +113,19 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.
     directions = [o.direction for o in spec.objectives]
     study = optuna.create_study(storage=storage, study_name=spec.name, directions=directions,
                                 sampler=build_sampler(spec), load_if_exists=True)
+    if compare_spec:
+        _check_stored_spec(study, spec)
+    n_existing = len(study.get_trials(deepcopy=False))
+    if n_existing:
+        # Continuing a study: the spec's sampler again (never a silent swap to random
+        # search, ray#30861), its seed moved on so that it does not replay the
+        # suggestions it already made.
+        study.sampler = build_sampler(spec, seed_offset=n_existing)
+    return study
+
+
+def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> None:
+    """Store ``spec`` as the study's ``hpo_spec`` attribute, or refuse one that differs."""
     stored = study.user_attrs.get(SPEC_ATTR)
     if stored is None:
         study.set_user_attr(SPEC_ATTR, spec.to_dict())
@@ -116,13 +135,6 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.
         raise StudyExistsError(f"study {spec.name!r} exists with a different spec ("
                                f"{', '.join(differ)} differ): give the new spec another "
                                f"name, or delete the stored study first")
-    n_existing = len(study.get_trials(deepcopy=False))
-    if n_existing:
-        # Continuing a study: the spec's sampler again (never a silent swap to random
-        # search, ray#30861), its seed moved on so that it does not replay the
-        # suggestions it already made.
-        study.sampler = build_sampler(spec, seed_offset=n_existing)
-    return study
 
 
 class StudyRecord:
@@ -143,11 +155,11 @@ class StudyRecord:
     """
 
     def __init__(self, spec: StudySpec, storage: optuna.storages.BaseStorage,
-                 listener: TrialListener | None = None) -> None:
+                 listener: TrialListener | None = None, compare_spec: bool = True) -> None:
         self.spec = spec
         self.storage = storage
         self.listener = listener
-        self.study = open_study(spec, storage)
+        self.study = open_study(spec, storage, compare_spec)
         self.study_id = storage.get_study_id_from_name(spec.name)
         self.distributions = distributions(spec)
         r = spec.resources

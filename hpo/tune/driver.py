@@ -216,7 +216,8 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
               on_change: Callable[[StudyRecord], None] | None = None,
               should_stop: Callable[[], bool] | None = None,
               should_interrupt: Callable[[], bool] | None = None,
-              listener: TrialListener | None = None) -> StudyOutcome:
+              listener: TrialListener | None = None,
+              compare_spec: bool = True) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
     The dataset check (scheduler budgets against the trials' planned updates)
@@ -241,6 +242,8 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             and leaves its running trials RUNNING with their checkpoints, to be
             resumed by the next driver of the study (Ctrl-C, a service shutdown).
         listener: told of every trial the record changes (``StudyRecord``).
+        compare_spec: False when ``spec`` is the study's own stored spec (the
+            service's driver): it is then not compared with the Optuna copy.
 
     Raises:
         SpecError: the cluster cannot hold one trial, a warm-start source is
@@ -259,7 +262,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         init_ray(ray_address, num_cpus, runtime_env)
         check_resources(spec)
         cluster_checked = True
-    record = StudyRecord(spec, storage, listener=listener)
+    record = StudyRecord(spec, storage, listener=listener, compare_spec=compare_spec)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
     with DriverLease(storage, spec.name):
         enqueue_warm_start(record)

@@ -144,6 +144,16 @@ def test_same_name_with_another_spec_is_refused(sqlite_url):
         StudyRecord(_spec("same", budget={"n_trials": 5}), storage)
 
 
+def test_a_spec_vouched_for_is_not_compared_with_the_stored_copy(sqlite_url):
+    storage = open_storage(sqlite_url)
+    StudyRecord(_spec("vouched"), storage)
+    other = _spec("vouched", budget={"n_trials": 5})
+    record = StudyRecord(other, storage, compare_spec=False)  # the service's own stored spec
+    assert record.study.user_attrs["hpo_spec"] == _spec("vouched").to_dict()  # not rewritten
+    with pytest.raises(StudyExistsError, match="different spec"):
+        StudyRecord(other, storage)
+
+
 def test_given_params_are_used_as_they_are(sqlite_url):
     record = StudyRecord(_spec("given"), open_storage(sqlite_url))
     assert record.ask("r1", params={"lr": 0.0123}) == {"lr": 0.0123}
