@@ -16,9 +16,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from hpo.storage import open_storage
-from service import api_errors
+from service import api_errors, migrate
 from service.dashboard import build_dashboard
-from service.db import build_engine, create_tables, session_factory
+from service.db import build_engine, session_factory
 from service.deps import Components
 from service.health import Readiness
 from service.logs import RequestId
@@ -41,10 +41,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Raises:
         hpo.errors.StorageError: the database cannot be opened.
         service.errors.SettingsError: a bad environment variable (default settings only).
+        service.migrate.SchemaOutdated: the service's tables need ``hpo db upgrade``.
     """
     settings = settings or Settings.from_env()
     engine = build_engine(settings.database_url)
-    create_tables(engine)
+    migrate.prepare(engine, auto=settings.migrate_on_start)
     storage = open_storage(settings.database_url)
     sessions = session_factory(engine)
     study_service = StudyService(settings, sessions, storage)

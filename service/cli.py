@@ -39,6 +39,11 @@ def register(app: typer.Typer) -> None:
     token_app = typer.Typer(help="API tokens of the service.", no_args_is_help=True)
     token_app.command("create")(token_create)
     app.add_typer(token_app, name="token")
+    db_app = typer.Typer(help="The service's own tables in HPO_DATABASE_URL (Alembic "
+                              "migrations; Optuna migrates its own).", no_args_is_help=True)
+    db_app.command("upgrade")(db_upgrade)
+    db_app.command("current")(db_current)
+    app.add_typer(db_app, name="db")
     for command in (submit, status, trials, stop, best):
         app.command()(command)
 
@@ -66,16 +71,20 @@ def token_create(name: Annotated[str, typer.Argument(help="a name for the token'
                  admin: Annotated[bool, typer.Option(help="sees and controls every study")]
                  = False) -> None:
     """Create an API token in the database (HPO_DATABASE_URL) and print it once."""
+    from service import migrate
     from service.auth import create_token
-    from service.db import build_engine, create_tables, session_factory
+    from service.db import build_engine, session_factory
     from service.errors import TokenExists
 
-    url = _settings().database_url
-    _check_database(url)
-    engine = build_engine(url)
+    settings = _settings()
+    _check_database(settings.database_url)
+    engine = build_engine(settings.database_url)
     try:
-        create_tables(engine)
+        migrate.prepare(engine, auto=settings.migrate_on_start)
         token = create_token(session_factory(engine), name, admin=admin)
+    except migrate.SchemaOutdated as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
     except (ValueError, TokenExists) as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None
@@ -83,6 +92,44 @@ def token_create(name: Annotated[str, typer.Argument(help="a name for the token'
         engine.dispose()
     err.print(f"token {name!r}{' (admin)' if admin else ''} created; it is shown only once:")
     print(token)
+
+
+def db_upgrade() -> None:
+    """Upgrade the service's tables to this version's schema (under a lock; safe to rerun)."""
+    from service import migrate
+    from service.db import build_engine
+
+    settings = _settings()
+    _check_database(settings.database_url)
+    engine = build_engine(settings.database_url)
+    try:
+        before, after = migrate.upgrade(engine)
+    except migrate.SchemaOutdated as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        engine.dispose()
+    if before == after:
+        out.print(f"the service's tables are at {after}, the newest revision")
+    elif before is None:
+        out.print(f"created the service's tables at {after}")
+    else:
+        out.print(f"upgraded the service's tables from {before} to {after}")
+
+
+def db_current() -> None:
+    """The revision of the service's tables (none: not created yet) and the newest one."""
+    from service import migrate
+    from service.db import build_engine
+
+    settings = _settings()
+    _check_database(settings.database_url)
+    engine = build_engine(settings.database_url)
+    try:
+        revision = migrate.current(engine)
+    finally:
+        engine.dispose()
+    out.print(f"{revision or 'none'} (newest: {migrate.head()})", highlight=False)
 
 
 def _settings(**overrides):

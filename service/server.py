@@ -105,6 +105,17 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _prepare_schema(settings: Settings) -> None:
+    from service.db import build_engine
+    from service.migrate import prepare
+
+    engine = build_engine(settings.database_url)
+    try:
+        prepare(engine, auto=settings.migrate_on_start)
+    finally:
+        engine.dispose()
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server that logs where to go once it serves."""
 
@@ -123,13 +134,19 @@ def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM.
 
     Raises:
-        ServiceError: the port is in use (before anything else starts), or the local Ray
-            head could not start.
+        ServiceError: the port is in use (before anything else starts), the service's
+            tables need ``hpo db upgrade`` (``SchemaOutdated``), or the local Ray head could
+            not start.
         hpo.errors.StorageError: the database cannot be opened.
     """
     from service.app import create_app
 
     sock = listen(settings.host, settings.port)
+    try:
+        _prepare_schema(settings)  # an outdated schema is refused before Ray starts
+    except BaseException:
+        sock.close()
+        raise
     if settings.port == 0:
         settings = dataclasses.replace(settings, port=sock.getsockname()[1])
     local_ray = None

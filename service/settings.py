@@ -72,12 +72,21 @@ class Settings:
     run_dispatcher: bool = True
     warm_drivers: bool = True
     log_format: str = "text"
+    auto_migrate: bool | None = None  # None: true on SQLite, false elsewhere
 
     @property
     def url(self) -> str:
         """Where people reach this service (``HPO_PUBLIC_URL``, else ``http://host:port``):
         the only origin the dashboard takes cookie logins and writes from."""
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @property
+    def migrate_on_start(self) -> bool:
+        """Whether ``hpo serve`` upgrades outdated service tables itself (``HPO_AUTO_MIGRATE``;
+        by default on SQLite only: a shared PostgreSQL is upgraded by its operator)."""
+        if self.auto_migrate is not None:
+            return self.auto_migrate
+        return self.database_url.startswith("sqlite")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
@@ -111,6 +120,7 @@ class Settings:
             public_url=env.get("HPO_PUBLIC_URL") or None,
             warm_drivers=_bool(env, "HPO_WARM_DRIVER", cls.warm_drivers),
             log_format=_choice(env, "HPO_LOG_FORMAT", cls.log_format, ("text", "json")),
+            auto_migrate=_bool(env, "HPO_AUTO_MIGRATE", None),
         )
         values.update(overrides)
         settings = cls(**values)

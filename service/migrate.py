@@ -1,0 +1,142 @@
+"""Schema migrations of the service's own tables, with Alembic (``service/migrations``).
+
+Optuna versions its own tables (``alembic_version``); the service's ``hpo_*`` tables keep
+their revision in ``hpo_alembic_version``. What a database can be in, and what is done:
+
+* no service table at all (a new database): the tables are created as the code declares
+  them and stamped with the newest revision (what Alembic's documentation recommends
+  for a fresh database; no need to replay history);
+* service tables but no version table (made by a version before migrations): it is
+  taken to be at the first revision, ``0001``, and upgraded from there;
+* an older revision: :func:`prepare` upgrades it when allowed (``HPO_AUTO_MIGRATE``),
+  else refuses with :class:`SchemaOutdated`, naming ``hpo db upgrade``;
+* the newest revision: nothing to do. A revision this code does not know (a newer
+  version of the service wrote it) is refused too: downgrading is the operator's call.
+
+Upgrades run under a lock, so that two servers starting on one database do not both
+migrate it: PostgreSQL's ``pg_advisory_xact_lock`` inside the migration's transaction,
+a file lock next to a SQLite database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from hpo.storage import sqlite_path
+from service.errors import ServiceError
+
+VERSION_TABLE = "hpo_alembic_version"
+BASELINE = "0001"
+LOCK_KEY = 0x68706F6D  # "hpom": the advisory lock of the service's migrations
+SCRIPTS = Path(__file__).with_name("migrations")
+
+
+class SchemaOutdated(ServiceError):
+    """The database's service tables are at an older revision than this code needs."""
+
+
+def _config(connection: sa.Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(SCRIPTS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head() -> str:
+    """The newest revision this code knows."""
+    return ScriptDirectory.from_config(_config()).get_current_head()
+
+
+def current(engine: sa.Engine) -> str | None:
+    """The database's revision: ``None`` without service tables, ``BASELINE`` for tables
+    made before migrations existed."""
+    with engine.connect() as connection:
+        revision = MigrationContext.configure(
+            connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        if revision is None and sa.inspect(connection).has_table("hpo_studies"):
+            return BASELINE
+    return revision
+
+
+def upgrade(engine: sa.Engine) -> tuple[str | None, str]:
+    """Bring the service's tables to the newest revision, under the migration lock.
+
+    Returns:
+        ``(revision before, revision after)``.
+
+    Raises:
+        SchemaOutdated: the database holds a revision this code does not know.
+    """
+    with _lock(engine), engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+        before = MigrationContext.configure(
+            connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        has_tables = sa.inspect(connection).has_table("hpo_studies")
+        _check_known(before)
+        config = _config(connection)
+        if before is None and not has_tables:  # a new database
+            from service.db import Base
+
+            Base.metadata.create_all(connection, checkfirst=True)
+            command.stamp(config, "head")
+            return None, head()
+        if before is None:  # tables from before migrations: they are the baseline
+            command.stamp(config, BASELINE)
+            before = BASELINE
+        command.upgrade(config, "head")
+    return before, head()
+
+
+def prepare(engine: sa.Engine, *, auto: bool) -> None:
+    """Make the service's tables usable at start-up: create them in a new database; upgrade
+    an outdated one when ``auto``, else refuse.
+
+    Raises:
+        SchemaOutdated: outdated and not ``auto`` (the message names ``hpo db upgrade`` and
+            ``HPO_AUTO_MIGRATE``), or at a revision this code does not know.
+    """
+    revision = current(engine)
+    if revision == head():
+        return
+    _check_known(revision)
+    if revision is not None and not auto:
+        raise SchemaOutdated(
+            f"the database's service tables are at revision {revision}, this version needs "
+            f"{head()}: run `hpo db upgrade` (same HPO_DATABASE_URL), or start with "
+            f"HPO_AUTO_MIGRATE=true")
+    upgrade(engine)
+
+
+def _check_known(revision: str | None) -> None:
+    if revision is None:
+        return
+    scripts = ScriptDirectory.from_config(_config())
+    if revision not in {s.revision for s in scripts.walk_revisions()}:
+        raise SchemaOutdated(f"the database's service tables are at revision {revision}, "
+                             f"which this version does not know (newest: {head()}): a newer "
+                             f"version of the service migrated it; run that version")
+
+
+@contextlib.contextmanager
+def _lock(engine: sa.Engine):
+    """A file lock next to a SQLite database (PostgreSQL locks in the transaction)."""
+    path = sqlite_path(str(engine.url))
+    if path is None:
+        yield
+        return
+    lock_path = path.with_name(path.name + ".migrate-lock")
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,1 @@
+"""One module per revision of the service's tables, oldest first."""

@@ -1,0 +1,192 @@
+"""Migrations of the service's own tables (issue 14.1): a database made by the version
+before migrations (its tables and data, built here as that version built them) upgrades
+on SQLite and PostgreSQL with nothing lost; a new database starts at the newest revision;
+the migrations replayed from nothing give exactly the tables the code declares; an
+outdated database is refused unless auto-migration is on."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from typer.testing import CliRunner
+
+from service import migrate
+from service.db import Base, UTCDateTime, build_engine
+
+# -- the schema as the version before migrations made it (create_all of its models) --------
+LEGACY = sa.MetaData()
+sa.Table("hpo_tokens", LEGACY,
+         sa.Column("id", sa.Integer, primary_key=True),
+         sa.Column("name", sa.String(64), unique=True, nullable=False),
+         sa.Column("token_hash", sa.String(64), unique=True, nullable=False),
+         sa.Column("is_admin", sa.Boolean, nullable=False),
+         sa.Column("created_at", UTCDateTime, nullable=False))
+sa.Table("hpo_studies", LEGACY,
+         sa.Column("id", sa.Integer, primary_key=True),
+         sa.Column("name", sa.String(64), unique=True, nullable=False),
+         sa.Column("owner_id", sa.ForeignKey("hpo_tokens.id"), index=True),
+         sa.Column("status", sa.String(16), index=True, nullable=False),
+         sa.Column("spec", sa.JSON, nullable=False),
+         sa.Column("n_trials", sa.Integer, nullable=False),
+         sa.Column("stop_requested", sa.Boolean, nullable=False),
+         sa.Column("claimed_by", sa.String(200)),
+         sa.Column("worker_pid", sa.Integer),
+         sa.Column("heartbeat_at", UTCDateTime),
+         sa.Column("attempts", sa.Integer, nullable=False),
+         sa.Column("error", sa.Text),
+         sa.Column("created_at", UTCDateTime, nullable=False),
+         sa.Column("started_at", UTCDateTime),
+         sa.Column("ended_at", UTCDateTime),
+         sa.Column("updated_at", UTCDateTime, nullable=False))
+
+T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+TOKENS = [{"id": 1, "name": "alice", "token_hash": "a" * 64, "is_admin": False,
+           "created_at": T0},
+          {"id": 2, "name": "admin", "token_hash": "b" * 64, "is_admin": True,
+           "created_at": T0}]
+STUDIES = [
+    {"id": 1, "name": "done-study", "owner_id": 1, "status": "COMPLETED",
+     "spec": {"name": "done-study", "budget": {"n_trials": 4}, "note": "ünïcode"},
+     "n_trials": 4, "stop_requested": False, "claimed_by": None, "worker_pid": None,
+     "heartbeat_at": T0, "attempts": 1, "error": None, "created_at": T0, "started_at": T0,
+     "ended_at": T0 + dt.timedelta(minutes=5), "updated_at": T0},
+    {"id": 2, "name": "queued-study", "owner_id": 2, "status": "QUEUED",
+     "spec": {"name": "queued-study", "budget": {"n_trials": 8}}, "n_trials": 8,
+     "stop_requested": True, "claimed_by": "host:1:abc", "worker_pid": 123, "heartbeat_at": None,
+     "attempts": 0, "error": "one line", "created_at": T0, "started_at": None,
+     "ended_at": None, "updated_at": T0}]
+
+
+def _rows(engine, table: str) -> list[dict]:
+    with engine.connect() as conn:
+        t = sa.Table(table, sa.MetaData(), autoload_with=conn)
+        columns = [c for c in t.c if c.name in LEGACY.tables[table].c]
+        rows = conn.execute(sa.select(*columns).order_by(t.c.id)).mappings().all()
+    typed = LEGACY.tables[table]
+    out = []
+    for row in rows:  # read back through the legacy types (UTC datetimes, JSON)
+        out.append({k: (typed.c[k].type.process_result_value(v, engine.dialect)
+                        if isinstance(typed.c[k].type, UTCDateTime) else v)
+                    for k, v in row.items()})
+    return out
+
+
+def _schema_diff(engine) -> list:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={
+            "include_name": lambda name, kind, _: kind != "table" or name.startswith("hpo_")})
+        diff = compare_metadata(context, Base.metadata)
+    return [d for d in diff if not (isinstance(d, tuple) and d[0] == "remove_table"
+                                    and d[1].name == migrate.VERSION_TABLE)]
+
+
+@pytest.fixture
+def engine(db_url):
+    engine = build_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+def test_a_database_from_before_migrations_upgrades_with_nothing_lost(engine):
+    LEGACY.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(LEGACY.tables["hpo_tokens"].insert(), TOKENS)
+        conn.execute(LEGACY.tables["hpo_studies"].insert(), STUDIES)
+    before_tokens, before_studies = _rows(engine, "hpo_tokens"), _rows(engine, "hpo_studies")
+    assert migrate.current(engine) == migrate.BASELINE
+    assert migrate.upgrade(engine) == (migrate.BASELINE, migrate.head())
+    assert migrate.current(engine) == migrate.head()
+    assert _rows(engine, "hpo_tokens") == before_tokens == TOKENS
+    assert _rows(engine, "hpo_studies") == before_studies == STUDIES
+    assert _schema_diff(engine) == []
+    assert migrate.upgrade(engine) == (migrate.head(), migrate.head())  # a second run: no-op
+
+
+def test_a_new_database_starts_at_the_newest_revision(engine):
+    assert migrate.current(engine) is None
+    migrate.prepare(engine, auto=False)  # a new database needs no permission
+    assert migrate.current(engine) == migrate.head()
+    assert _schema_diff(engine) == []
+
+
+def test_the_migrations_replayed_from_nothing_give_the_declared_tables(engine):
+    with engine.begin() as conn:
+        command.upgrade(migrate._config(conn), "head")
+    assert migrate.current(engine) == migrate.head()
+    assert _schema_diff(engine) == []
+    with engine.begin() as conn:  # and each migration goes back down
+        command.downgrade(migrate._config(conn), "base")
+        assert not sa.inspect(conn).has_table("hpo_studies")
+
+
+def test_an_unknown_revision_is_refused(engine):
+    migrate.prepare(engine, auto=True)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '9999'"))
+    with pytest.raises(migrate.SchemaOutdated, match="revision 9999, which this version does "
+                                                     "not know"):
+        migrate.prepare(engine, auto=True)
+
+
+def test_hpo_db_current_and_upgrade(sqlite_url, monkeypatch):
+    import hpo.cli
+
+    monkeypatch.setenv("HPO_DATABASE_URL", sqlite_url)
+    engine = build_engine(sqlite_url)
+    LEGACY.create_all(engine)
+    runner = CliRunner()
+    result = runner.invoke(hpo.cli.app, ["db", "current"])
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == [migrate.BASELINE, "(newest:", f"{migrate.head()})"]
+    result = runner.invoke(hpo.cli.app, ["db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    assert f"upgraded the service's tables from {migrate.BASELINE} to {migrate.head()}" \
+        in " ".join(result.output.split())
+    assert migrate.current(engine) == migrate.head()
+    engine.dispose()
+
+
+def test_an_outdated_database_is_refused_unless_auto_migration_is_on(engine):
+    LEGACY.create_all(engine)
+    assert migrate.head() != migrate.BASELINE  # a later revision exists to upgrade to
+    with pytest.raises(migrate.SchemaOutdated) as caught:
+        migrate.prepare(engine, auto=False)
+    assert str(caught.value) == (
+        f"the database's service tables are at revision {migrate.BASELINE}, this version "
+        f"needs {migrate.head()}: run `hpo db upgrade` (same HPO_DATABASE_URL), or start with "
+        f"HPO_AUTO_MIGRATE=true")
+    assert migrate.current(engine) == migrate.BASELINE  # nothing was changed
+    migrate.prepare(engine, auto=True)
+    assert migrate.current(engine) == migrate.head()
+
+
+def test_auto_migration_defaults_to_sqlite_only():
+    from service.settings import Settings
+
+    assert Settings.from_env({"HPO_DATABASE_URL": "sqlite:///x.db"}).migrate_on_start
+    pg = {"HPO_DATABASE_URL": "postgresql+psycopg://u@h/db"}
+    assert not Settings.from_env(pg).migrate_on_start
+    assert Settings.from_env({**pg, "HPO_AUTO_MIGRATE": "true"}).migrate_on_start
+
+
+def test_hpo_serve_refuses_an_outdated_schema_before_starting_ray(tmp_path, monkeypatch):
+    from service import server as server_module
+    from service.settings import Settings
+
+    def no_ray(*_args, **_kwargs):
+        raise AssertionError("the local Ray head was started on an outdated schema")
+
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    engine = build_engine(url)
+    LEGACY.create_all(engine)
+    engine.dispose()
+    monkeypatch.setattr(server_module, "LocalRay", no_ray)
+    settings = Settings(database_url=url, port=0, auto_migrate=False,
+                        results_dir=tmp_path / "results")
+    with pytest.raises(migrate.SchemaOutdated, match="run `hpo db upgrade`"):
+        server_module.serve(settings)
