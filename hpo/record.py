@@ -145,9 +145,10 @@ class StudyRecord:
         storage: the Optuna storage (``hpo.storage.open_storage``).
         listener: told (``trial_changed``) after every write that changes a trial's
             state or values: asked (RUNNING), adopted, requeued (the failed trial and
-            its new WAITING copy), finished (COMPLETE, PRUNED, FAIL), abandoned, and
-            after each recorded result. It gets the one trial re-read from the
-            storage; its exceptions are logged, never raised into the record.
+            its new WAITING copy), finished (COMPLETE, PRUNED, FAIL), abandoned; not
+            for intermediate values (a read per result, for nothing its one user,
+            the service's study summary, shows). It gets the one trial re-read from
+            the storage; its exceptions are logged, never raised into the record.
 
     A trial's ``device_seconds`` is its wall time times the devices it holds: the
     GPUs (else CPUs) of each worker times the number of workers
@@ -168,6 +169,11 @@ class StudyRecord:
             self.study.set_user_attr("device_kind", "gpu" if r.gpus > 0 else "cpu")
         self.trials: dict[str, TrialProgress] = {}
         self.best: tuple[int, float] | None = None
+
+    def __getstate__(self) -> dict:
+        # Tune pickles its scheduler and callbacks (for Tuner.restore), and with them this
+        # record; a live listener (a database session, a display) is not state.
+        return {**self.__dict__, "listener": None}
 
     # -- trials come and go ------------------------------------------------------------
 
@@ -309,7 +315,6 @@ class StudyRecord:
         step = int(result["step"])
         if not t.values or t.values[-1] != (step, value) or math.isnan(value):
             self.storage.set_trial_intermediate_value(t.trial_id, step, value)
-            self._changed(t.trial_id)
         if not t.values or t.values[-1][0] != step:
             t.values.append((step, value))
         else:
