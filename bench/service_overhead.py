@@ -7,12 +7,14 @@ concurrent) is run three ways:
   Ray, already up, and its warm driver ready: ``/readyz``), timed from the POST to the
   study's COMPLETED status (polled every second): the claim, the hand-over to the warm
   driver, the study's setup, every heartbeat and the last poll are included;
+* ``service, cold``: the same with ``HPO_WARM_DRIVER=false`` (no warm spare: the driver
+  starts after the claim and imports Ray and torch then), with ``--warm both`` or ``off``;
 * ``hpo run``: ``run_study`` in this process (what ``hpo run`` calls);
 * ``raw-tune``: ``tune.Tuner`` + ``OptunaSearch``, ``reuse_actors=True``.
 
 Prints seconds per trial and the ratios to raw Ray Tune (goal: service <= 1.25).
 
-    python bench/service_overhead.py [--trials 200] [--concurrency 2]
+    python bench/service_overhead.py [--trials 200] [--concurrency 2] [--warm on|off|both]
 """
 
 from __future__ import annotations
@@ -39,25 +41,30 @@ def spec(name: str, n_trials: int, concurrency: int) -> dict:
             "budget": {"n_trials": n_trials, "max_concurrent_trials": concurrency}}
 
 
-def bench_service(n: int, concurrency: int, workdir: Path, port: int = 8799) -> float:
-    """Wall seconds from POST to COMPLETED on a real server with its own local Ray."""
+def bench_service(n: int, concurrency: int, workdir: Path, warm: bool = True,
+                  port: int = 8799) -> float:
+    """Wall seconds from POST to COMPLETED on a real server with its own local Ray, with or
+    without its warm driver."""
     from service.auth import create_token
     from service.db import build_engine, create_tables, session_factory
 
+    workdir = workdir / ("warm" if warm else "cold")
+    workdir.mkdir()
     url = f"sqlite:///{workdir / 'service.db'}"
     engine = build_engine(url)
     create_tables(engine)
     token = create_token(session_factory(engine), "bench", admin=True)
     engine.dispose()
     env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_RESULTS_DIR": str(workdir / "svc-runs"),
-           "HPO_PORT": str(port), "HPO_NUM_CPUS": str(os.cpu_count())}
+           "HPO_PORT": str(port), "HPO_NUM_CPUS": str(os.cpu_count()),
+           "HPO_WARM_DRIVER": "true" if warm else "false"}
     env.pop("RAY_ADDRESS", None)
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - the server keeps it
     server = subprocess.Popen([sys.executable, "-m", "service.server"], cwd=REPO, env=env,
                               stdout=log, stderr=subprocess.STDOUT)
     base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
     try:
-        _wait_ready(base, server)
+        _wait_ready(base, server, warm)
         started = time.perf_counter()
         r = httpx.post(f"{base}/v1/studies", json=spec("bench-service", n, concurrency),
                        headers=headers, timeout=60)
@@ -76,16 +83,18 @@ def bench_service(n: int, concurrency: int, workdir: Path, port: int = 8799) -> 
         server.wait(120)
 
 
-def _wait_ready(base: str, server: subprocess.Popen, timeout_s: float = 180) -> None:
-    """Until the server is ready and idle: its warm driver has imported and joined Ray (as
-    the other two ways start timing with Ray up and imported)."""
+def _wait_ready(base: str, server: subprocess.Popen, warm: bool,
+                timeout_s: float = 180) -> None:
+    """Until the server is ready and idle: its warm driver, if kept, has imported and joined
+    Ray (as the other two ways start timing with Ray up and imported)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError("the server exited; see server.log")
         try:
             r = httpx.get(f"{base}/readyz", timeout=2)
-            if r.status_code == 200 and r.json()["checks"].get("warm_driver") == "ready":
+            if r.status_code == 200 and (not warm or
+                                         r.json()["checks"].get("warm_driver") == "ready"):
                 return
         except httpx.HTTPError:
             pass
@@ -134,13 +143,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--warm", choices=["on", "off", "both"], default="on",
+                        help="the service with its warm driver, without it, or both")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        service = bench_service(args.trials, args.concurrency, workdir)
-        print(f"service: {service:.1f} s", flush=True)
+        services = {}
+        for warm in {"on": [True], "off": [False], "both": [True, False]}[args.warm]:
+            way = "service" if warm else "svc cold"
+            services[way] = bench_service(args.trials, args.concurrency, workdir, warm)
+            print(f"{way}: {services[way]:.1f} s", flush=True)
         import ray
 
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
@@ -154,9 +168,10 @@ def main() -> None:
     print(f"{n} trials, {args.concurrency} concurrent, {os.cpu_count()} CPUs; "
           "work per trial: 1 update of digits")
     print(f"{'way':10} {'s/trial':>8} {'vs raw-tune':>12}")
-    for name, seconds in [("service", service), ("hpo run", hpo), ("raw-tune", raw)]:
+    for name, seconds in [*services.items(), ("hpo run", hpo), ("raw-tune", raw)]:
         print(f"{name:10} {seconds / n:8.3f} {seconds / raw:12.2f}")
-    print(f"goal: service <= 1.25x raw-tune: {'met' if service <= 1.25 * raw else 'NOT met'}")
+    for way, seconds in services.items():
+        print(f"goal: {way} <= 1.25x raw-tune: {'met' if seconds <= 1.25 * raw else 'NOT met'}")
 
 
 if __name__ == "__main__":
