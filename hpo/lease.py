@@ -194,10 +194,7 @@ class DriverLease:
         StudyBusyError: on entry, when a live driver holds the study.
     """
 
-    def __init__(self, storage: Any, study_name: str | None = None) -> None:
-        if study_name is None:  # transitional: DriverLease(study), until driver.py passes both
-            study_name, storage = storage.study_name, storage._storage
-            storage = getattr(storage, "_backend", storage)
+    def __init__(self, storage: Any, study_name: str) -> None:
         self.engine: sa.Engine = storage.engine
         self.name = study_name
         self.holder = uuid.uuid4().hex

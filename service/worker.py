@@ -34,11 +34,13 @@ from sqlalchemy.orm import sessionmaker
 
 from hpo.errors import public_message
 from hpo.lease import while_held
-from hpo.spec import parse_spec
+from hpo.spec import load_stored
+from service import logs
 from service.db import Status, StudyRow, build_engine, session_factory, utcnow
 from service.driver_process import CLAIMS, wait_for_study, watch_for_interrupt
 from service.process import die_with_parent, parent_gone
 from service.settings import Settings
+from service.summaries import summary_tracker
 
 log = logging.getLogger("service.worker")
 
@@ -116,10 +118,16 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
     try:
         from hpo.tune.driver import run_study  # imports Ray: only in this process
 
-        outcome = run_study(parse_spec(row.spec), settings.database_url,
-                            ray_address=settings.ray_address, results_dir=settings.results_dir,
-                            should_stop=beat.should_stop,
-                            should_interrupt=beat.should_interrupt)
+        spec = load_stored(row.spec)  # validated at create: only read back
+        tracker = summary_tracker(settings.database_url, sessions, spec, claim)
+        try:
+            outcome = run_study(spec, settings.database_url, ray_address=settings.ray_address,
+                                results_dir=settings.results_dir, listener=tracker,
+                                compare_spec=False,  # the stored spec itself
+                                should_stop=beat.should_stop,
+                                should_interrupt=beat.should_interrupt)
+        finally:
+            tracker.flush()  # the last summary, before finish() writes the study's end
     except Exception as e:  # the traceback goes to this driver's log, one line to the row
         log.exception("study %s failed", name)
         finish(sessions, name, claim, Status.FAILED, public_message(f"{type(e).__name__}: {e}"))
@@ -143,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m service.worker STUDY_NAME CLAIM | --warm", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                                                   "%(message)s")
-    logging.getLogger("optuna").setLevel(logging.WARNING)
     settings = Settings.from_env()
+    logs.configure(settings.log_format)
+    logs.bind(study=args[0])  # every line of this driver's log names its study
+    logging.getLogger("optuna").setLevel(logging.WARNING)
     engine = build_engine(settings.database_url)
     try:
         drive(settings, session_factory(engine), *args)
