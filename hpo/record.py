@@ -34,14 +34,15 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from hpo.errors import StudyExistsError
-from hpo.space import build_sampler, distributions
-from hpo.spec import StudySpec, load_stored
+from hpo.space import distributions
+from hpo.spec import StudySpec
 from hpo.storage import set_trial_user_attrs, trial_id_of
+from hpo.study import SPEC_ATTR as SPEC_ATTR  # re-exported: hpo.warmstart reads it here
+from hpo.study import create_study as create_study  # re-exported for the service
+from hpo.study import open_study
 
 log = logging.getLogger(__name__)
 
-SPEC_ATTR = "hpo_spec"
 RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopted trial resumes
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
@@ -96,45 +97,6 @@ class Counts:
     def finished(self) -> int:
         """Trials that count against ``budget.n_trials``."""
         return self.complete + self.pruned + self.failed
-
-
-def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
-               compare_spec: bool = True) -> optuna.Study:
-    """Create the study named by the spec, or load it if it exists with the same spec.
-
-    ``compare_spec=False``: the caller vouches that ``spec`` is the study's own
-    stored spec (the service's driver, which read it from the service's table,
-    written by the same create as the Optuna study), so the ``hpo_spec``
-    attribute is neither read back and compared nor written.
-
-    Raises:
-        StudyExistsError: a study of that name exists with a different spec.
-    """
-    directions = [o.direction for o in spec.objectives]
-    study = optuna.create_study(storage=storage, study_name=spec.name, directions=directions,
-                                sampler=build_sampler(spec), load_if_exists=True)
-    if compare_spec:
-        _check_stored_spec(study, spec)
-    n_existing = len(study.get_trials(deepcopy=False))
-    if n_existing:
-        # Continuing a study: the spec's sampler again (never a silent swap to random
-        # search, ray#30861), its seed moved on so that it does not replay the
-        # suggestions it already made.
-        study.sampler = build_sampler(spec, seed_offset=n_existing)
-    return study
-
-
-def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> None:
-    """Store ``spec`` as the study's ``hpo_spec`` attribute, or refuse one that differs."""
-    stored = study.user_attrs.get(SPEC_ATTR)
-    if stored is None:
-        study.set_user_attr(SPEC_ATTR, spec.to_dict())
-    elif load_stored(stored) != spec:  # as models: an older stored form still opens
-        new = spec.to_dict()
-        differ = sorted(k for k in {*stored, *new} if stored.get(k) != new.get(k))
-        raise StudyExistsError(f"study {spec.name!r} exists with a different spec ("
-                               f"{', '.join(differ)} differ): give the new spec another "
-                               f"name, or delete the stored study first")
 
 
 class StudyRecord:

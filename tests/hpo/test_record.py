@@ -154,6 +154,19 @@ def test_a_spec_vouched_for_is_not_compared_with_the_stored_copy(sqlite_url):
         StudyRecord(other, storage)
 
 
+def test_create_study_stores_the_spec_and_refuses_a_taken_name(sqlite_url):
+    from hpo.record import create_study
+
+    storage = open_storage(sqlite_url)
+    spec = _spec("created")
+    study_id = create_study(spec, storage)
+    assert storage.get_study_id_from_name("created") == study_id
+    assert storage.get_study_user_attrs(study_id)["hpo_spec"] == spec.to_dict()
+    assert StudyRecord(spec, storage).study_id == study_id  # the driver then opens it
+    with pytest.raises(StudyExistsError, match="'created' exists already"):
+        create_study(spec, storage)
+
+
 def test_given_params_are_used_as_they_are(sqlite_url):
     record = StudyRecord(_spec("given"), open_storage(sqlite_url))
     assert record.ask("r1", params={"lr": 0.0123}) == {"lr": 0.0123}

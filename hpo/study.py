@@ -1,0 +1,74 @@
+"""The Optuna study of a spec: created new, or opened with its stored spec compared.
+
+The spec is kept as the study's ``hpo_spec`` user attribute (what ``hpo run``
+compares at each start, and what the dashboard shows).
+"""
+
+from __future__ import annotations
+
+import optuna
+from optuna.study import StudyDirection
+
+from hpo.errors import StudyExistsError
+from hpo.space import build_sampler
+from hpo.spec import StudySpec, load_stored
+
+SPEC_ATTR = "hpo_spec"
+
+
+def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
+               compare_spec: bool = True) -> optuna.Study:
+    """Create the study named by the spec, or load it if it exists with the same spec.
+
+    ``compare_spec=False``: the caller vouches that ``spec`` is the study's own
+    stored spec (the service's driver, which read it from the service's table,
+    written by the same create as the Optuna study), so the ``hpo_spec``
+    attribute is neither read back and compared nor written.
+
+    Raises:
+        StudyExistsError: a study of that name exists with a different spec.
+    """
+    directions = [o.direction for o in spec.objectives]
+    study = optuna.create_study(storage=storage, study_name=spec.name, directions=directions,
+                                sampler=build_sampler(spec), load_if_exists=True)
+    if compare_spec:
+        _check_stored_spec(study, spec)
+    n_existing = len(study.get_trials(deepcopy=False))
+    if n_existing:
+        # Continuing a study: the spec's sampler again (never a silent swap to random
+        # search, ray#30861), its seed moved on so that it does not replay the
+        # suggestions it already made.
+        study.sampler = build_sampler(spec, seed_offset=n_existing)
+    return study
+
+
+def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
+    """Create the Optuna study of ``spec`` with its ``hpo_spec`` attribute; its storage id.
+
+    Two statements' worth of work, for a study known to be new (the service's
+    create); :func:`open_study` loads or creates and compares.
+
+    Raises:
+        StudyExistsError: a study of that name exists (made here or anywhere else).
+    """
+    directions = [StudyDirection.MAXIMIZE if o.direction == "maximize"
+                  else StudyDirection.MINIMIZE for o in spec.objectives]
+    try:
+        study_id = storage.create_new_study(directions, spec.name)
+    except optuna.exceptions.DuplicatedStudyError:
+        raise StudyExistsError(f"an Optuna study named {spec.name!r} exists already") from None
+    storage.set_study_user_attr(study_id, SPEC_ATTR, spec.to_dict())
+    return study_id
+
+
+def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> None:
+    """Store ``spec`` as the study's ``hpo_spec`` attribute, or refuse one that differs."""
+    stored = study.user_attrs.get(SPEC_ATTR)
+    if stored is None:
+        study.set_user_attr(SPEC_ATTR, spec.to_dict())
+    elif load_stored(stored) != spec:  # as models: an older stored form still opens
+        new = spec.to_dict()
+        differ = sorted(k for k in {*stored, *new} if stored.get(k) != new.get(k))
+        raise StudyExistsError(f"study {spec.name!r} exists with a different spec ("
+                               f"{', '.join(differ)} differ): give the new spec another "
+                               f"name, or delete the stored study first")
