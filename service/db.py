@@ -129,8 +129,11 @@ def build_engine(url: str) -> sa.Engine:
 
 
 def create_tables(engine: sa.Engine) -> None:
-    """Create the service's tables if they are missing (idempotent, safe to race)."""
-    Base.metadata.create_all(engine, checkfirst=True)
+    """Create the service's tables, or upgrade them, to the newest revision
+    (:func:`service.migrate.upgrade`: idempotent, under a lock, safe to race)."""
+    from service.migrate import upgrade
+
+    upgrade(engine)
 
 
 def session_factory(engine: sa.Engine) -> sessionmaker:

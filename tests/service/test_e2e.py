@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import httpx
 import optuna
+import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
@@ -244,3 +247,41 @@ def test_ctrl_c_requeues_a_running_study_and_the_next_start_finishes_it(server_p
     study = wait_for(lambda: _ended(server, token, "requeued"), what="the requeued study")
     assert study["status"] == "COMPLETED", study["error"]
     assert study["progress"]["finished"] == n_trials and study["counts"]["running"] == 0
+
+
+def test_upgrade_while_running_sigterm_migrate_restart_finishes_exactly(server_process,
+                                                                         sqlite_url):
+    """Issue 14.6: SIGTERM a server with a running study, bring its tables to the schema the
+    next version needs (here: back to the oldest revision, then ``hpo db upgrade``), start
+    again: the study ends with exactly ``n_trials`` counted, none lost or run twice."""
+    from alembic import command
+
+    from service import migrate
+
+    n_trials = 4
+    server, token = _serve_a_running_study(server_process, sqlite_url, "upgraded", n_trials,
+                                           max_epochs=8)
+    assert server.stop() == 0  # SIGTERM: the study goes back to the queue, resumable
+    assert _row(sqlite_url, "upgraded", "status") == "QUEUED"
+    engine = build_engine(sqlite_url)
+    with engine.begin() as conn:  # the tables as the version before migrations left them
+        command.downgrade(migrate._config(conn), migrate.BASELINE)
+    assert migrate.current(engine) == migrate.BASELINE
+    server.env["HPO_AUTO_MIGRATE"] = "false"
+    with pytest.raises(RuntimeError, match="run `hpo db upgrade`"):
+        server.start()  # refused: the tables are outdated
+    upgraded = subprocess.run([sys.executable, "-m", "hpo", "db", "upgrade"], env=server.env,
+                              capture_output=True, text=True, timeout=120)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert migrate.current(engine) == migrate.head()
+    engine.dispose()
+    server.start()
+    study = wait_for(lambda: _ended(server, token, "upgraded"), what="the upgraded study")
+    assert study["status"] == "COMPLETED", study["error"]
+    assert study["progress"]["finished"] == n_trials and study["counts"]["running"] == 0
+    record = optuna.load_study(study_name="upgraded", storage=open_storage(sqlite_url))
+    counted = [t for t in record.trials if t.state.is_finished()
+               and not t.user_attrs.get("requeued")]
+    assert len(counted) == n_trials
+    assert not [t for t in record.trials if t.state == TrialState.RUNNING]
+    assert sorted(t.number for t in record.trials) == list(range(len(record.trials)))

@@ -16,6 +16,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if sa.inspect(op.get_bind()).has_table("hpo_study_summaries"):
+        return  # made by create_all before this revision was stamped (a development build)
     op.create_table(
         "hpo_study_summaries",
         sa.Column("study_id", sa.Integer(),
