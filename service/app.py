@@ -22,9 +22,10 @@ from service.db import build_engine, session_factory
 from service.deps import Components
 from service.health import Readiness
 from service.logs import RequestId
+from service.metrics import HttpMetrics, Metrics
 from service.middleware import BodyLimit, MethodGuard
 from service.openapi import install_openapi
-from service.routers import health, studies, tasks
+from service.routers import health, metrics, studies, tasks
 from service.settings import Settings
 from service.studies import StudyService
 
@@ -78,7 +79,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.components = Components(settings, sessions, study_service, readiness)
     app.state.dispatcher = dispatcher
     api_errors.install(app)
-    routers = (health.router, studies.router, tasks.router)
+    app.state.metrics = Metrics(sessions, dispatcher)
+    routers = (health.router, studies.router, tasks.router, metrics.router)
     for router in routers:
         app.include_router(router)
     install_openapi(app)
@@ -94,5 +96,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s)
     app.add_middleware(MethodGuard, routes=api_routes)
+    app.add_middleware(HttpMetrics, metrics=app.state.metrics)
     app.add_middleware(RequestId)  # outermost: every log line of a request carries its id
     return app

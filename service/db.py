@@ -112,6 +112,17 @@ class SummaryRow(Base):
                                                     onupdate=utcnow)
 
 
+class UsageRow(Base):
+    """Device-seconds of deleted studies, by owner: what ``hpo_device_seconds_total``
+    (``service.metrics``) adds to the stored studies' so that it never goes down."""
+
+    __tablename__ = "hpo_owner_usage"
+
+    owner_id: Mapped[int] = mapped_column(sa.ForeignKey("hpo_tokens.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    device_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
+
+
 def build_engine(url: str) -> sa.Engine:
     """An engine for ``url`` with the options of the Optuna storage (SQLite: WAL, busy timeout).
 

@@ -70,6 +70,11 @@ class Dispatcher:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._grace_s = SHUTDOWN_GRACE_S
+        # for service.metrics: when the last round ended (time.monotonic), drivers started
+        # for a study that had run before (requeued or taken over), and of those, takeovers
+        self.last_round_at: float | None = None
+        self.restarts = 0
+        self.takeovers = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -118,6 +123,7 @@ class Dispatcher:
             while not self._stop.is_set():
                 try:
                     self.run_once()
+                    self.last_round_at = time.monotonic()
                 except Exception:  # the loop must outlive a database hiccup
                     log.exception("dispatcher round failed")
                 self._wake.wait(self.settings.dispatch_interval_s)
@@ -192,7 +198,16 @@ class Dispatcher:
                              StudyRow.attempts: StudyRow.attempts + 1,
                              StudyRow.updated_at: now})
         if taken is not None:
+            if status == Status.RUNNING:
+                self.takeovers += 1
+            if status == Status.RUNNING or self._ran_before(name):
+                self.restarts += 1
             self._spawn(name, claim)
+
+    def _ran_before(self, name: str) -> bool:
+        with self.sessions() as session:
+            return (session.execute(sa.select(StudyRow.attempts).where(StudyRow.name == name))
+                    .scalar() or 0) > 1
 
     def _spawn(self, name: str, claim: str) -> None:
         log_path = (Path(self.settings.results_dir) / name / LOG_NAME).resolve()

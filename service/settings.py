@@ -73,6 +73,7 @@ class Settings:
     warm_drivers: bool = True
     log_format: str = "text"
     auto_migrate: bool | None = None  # None: true on SQLite, false elsewhere
+    metrics_open: bool = False
 
     @property
     def url(self) -> str:
@@ -121,6 +122,7 @@ class Settings:
             warm_drivers=_bool(env, "HPO_WARM_DRIVER", cls.warm_drivers),
             log_format=_choice(env, "HPO_LOG_FORMAT", cls.log_format, ("text", "json")),
             auto_migrate=_bool(env, "HPO_AUTO_MIGRATE", None),
+            metrics_open=_bool(env, "HPO_METRICS_OPEN", cls.metrics_open),
         )
         values.update(overrides)
         settings = cls(**values)

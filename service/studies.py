@@ -32,7 +32,7 @@ from service.auth import Principal
 from service.db import ENDED, VISIBLE, Status, StudyRow, SummaryRow, TokenRow, utcnow
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.settings import Settings
-from service.summaries import compute_summary, read_summaries, store_summary
+from service.summaries import compute_summary, read_summaries, retire_usage, store_summary
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,8 @@ class StudyService:
         with self.sessions.begin() as session:
             gone = sa.select(StudyRow.id).where(StudyRow.name == name,
                                                 StudyRow.status == Status.DELETING)
+            for study_id in session.execute(gone).scalars().all():
+                retire_usage(session, study_id)
             session.execute(sa.delete(SummaryRow).where(SummaryRow.study_id.in_(gone)))
             session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
                                                       StudyRow.status == Status.DELETING))

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpo.spec import StudySpec, load_stored
 from hpo.storage import open_storage
 from hpo.summary import StudySummary, SummaryTracker, devices_held
-from service.db import StudyRow, SummaryRow, utcnow
+from service.db import StudyRow, SummaryRow, UsageRow, utcnow
 
 _INSERTS = {"sqlite": sa.dialects.sqlite.insert, "postgresql": sa.dialects.postgresql.insert}
 
@@ -100,3 +100,19 @@ def _insert(session: Session):
     """The upserting INSERT of the session's database (the service runs on SQLite and
     PostgreSQL only: its heartbeat needs ``UPDATE ... RETURNING`` too)."""
     return _INSERTS[session.get_bind().dialect.name]
+
+
+def retire_usage(session: Session, study_id: int) -> None:
+    """Add a study's finished device-seconds (its stored summary) to its owner's usage in
+    ``hpo_owner_usage`` (one upsert), before the study is deleted: the per-owner counter of
+    ``service.metrics`` keeps them. Nothing for a study without owner or summary."""
+    row = session.execute(sa.select(StudyRow.owner_id, SummaryRow.summary)
+                          .join(SummaryRow, SummaryRow.study_id == StudyRow.id)
+                          .where(StudyRow.id == study_id)).first()
+    if row is None or row.owner_id is None:
+        return
+    seconds = StudySummary.from_json(row.summary).device_seconds_finished
+    statement = _insert(session)(UsageRow).values(owner_id=row.owner_id, device_seconds=seconds)
+    session.execute(statement.on_conflict_do_update(
+        index_elements=[UsageRow.owner_id],
+        set_={"device_seconds": UsageRow.device_seconds + statement.excluded.device_seconds}))

@@ -66,6 +66,21 @@ def test_a_study_submitted_over_http_runs_on_ray_into_the_optuna_record(
         assert trial.intermediate_values and trial.user_attrs["ray_trial_id"]
         assert trial.user_attrs["device_seconds"] > 0
     assert record.best_trial.number == study["best_trial"]["number"]
+    # the metrics after this small study (issue 14.2), parsed by prometheus-client
+    from tests.service.test_metrics import samples
+
+    values = samples(httpx.get(f"{server.url}/metrics", headers=bearer(token)).text)
+    assert values[("hpo_studies", (("status", "COMPLETED"),))] == 1
+    assert values[("hpo_queue_depth", ())] == 0
+    assert sum(values[("hpo_trials", (("state", s),))] for s in ("complete", "pruned")) == 3
+    assert values[("hpo_trials", (("state", "running"),))] == 0
+    assert values[("hpo_device_seconds_total", (("owner", "e2e-admin"),))] == pytest.approx(
+        sum(t.user_attrs["device_seconds"] for t in record.trials), rel=1e-9)
+    assert values[("hpo_driver_restarts_total", ())] == 0
+    assert values[("hpo_study_takeovers_total", ())] == 0
+    assert values[("hpo_dispatcher_heartbeat_age_seconds", ())] >= 0
+    assert values[("hpo_http_requests_total", (("method", "POST"), ("route", "/v1/studies"),
+                                               ("status", "201")))] == 1
     trials = httpx.get(f"{server.url}/v1/studies/e2e/trials?intermediate=true",
                        headers=bearer(token)).json()
     assert [t["number"] for t in trials["items"]] == [0, 1, 2]

@@ -1,0 +1,167 @@
+"""Prometheus metrics at ``/metrics`` (prometheus-client), in the text exposition format.
+
+HTTP, measured by :class:`HttpMetrics` (ASGI middleware) in this process:
+
+* ``hpo_http_requests_total{route,method,status}``: answered requests, by route template
+  (``/v1/studies/{name}``; ``dashboard`` for the dashboard, ``unmatched`` for no route);
+* ``hpo_http_request_duration_seconds{route,method}``: a histogram of their durations.
+
+Read from the database at each scrape (:class:`StoreCollector`; one query per table):
+
+* ``hpo_studies{status}``: studies by status; ``hpo_queue_depth``: QUEUED studies;
+* ``hpo_trials{state}``: the stored studies' trials by state (``complete``, ``pruned``,
+  ``failed``, ``running``, ``waiting``; a gauge: deleting a study removes its trials);
+* ``hpo_device_seconds_total{owner}``: device-seconds of finished trials by owner (token
+  name), deleted studies' included (``hpo_owner_usage``), so it only grows.
+
+The dispatcher of this process (absent where it runs none):
+
+* ``hpo_dispatcher_heartbeat_age_seconds``: since its last complete round;
+* ``hpo_driver_restarts_total``: drivers started for a study that ran before (requeued at
+  a shutdown, or taken over), ``hpo_study_takeovers_total``: of those, studies whose driver
+  was gone.
+
+``/metrics`` needs an admin token unless ``HPO_METRICS_OPEN=true``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import sqlalchemy as sa
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from sqlalchemy.orm import sessionmaker
+
+from hpo.summary import StudySummary
+from service.db import VISIBLE, Status, StudyRow, SummaryRow, TokenRow, UsageRow
+
+disable_created_metrics()  # no *_created series: they double every counter's series count
+TRIAL_STATES = ("complete", "pruned", "failed", "running", "waiting")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The service's registry: HTTP metrics, the store's and the dispatcher's.
+
+    Args:
+        sessions: a session factory on the service's engine.
+        dispatcher: this process's dispatcher, or ``None``.
+    """
+
+    def __init__(self, sessions: sessionmaker, dispatcher=None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("hpo_http_requests", "HTTP requests answered",
+                                ["route", "method", "status"], registry=self.registry)
+        self.latency = Histogram("hpo_http_request_duration_seconds",
+                                 "time to answer an HTTP request, in seconds",
+                                 ["route", "method"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.registry.register(StoreCollector(sessions, dispatcher))
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text format and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class StoreCollector:
+    """Reads the studies, their summaries and usage at each scrape (see module doc)."""
+
+    def __init__(self, sessions: sessionmaker, dispatcher=None) -> None:
+        self.sessions = sessions
+        self.dispatcher = dispatcher
+
+    def describe(self):
+        return []  # collected at scrape time only: no database query at registration
+
+    def collect(self):
+        with self.sessions() as session:
+            by_status = dict(session.execute(
+                sa.select(StudyRow.status, sa.func.count()).group_by(StudyRow.status)).all())
+            summaries = session.execute(
+                sa.select(TokenRow.name, SummaryRow.summary)
+                .join(StudyRow, StudyRow.id == SummaryRow.study_id)
+                .outerjoin(TokenRow, TokenRow.id == StudyRow.owner_id)
+                .where(StudyRow.status.in_(VISIBLE))).all()
+            retired = session.execute(sa.select(TokenRow.name, UsageRow.device_seconds)
+                                      .join(TokenRow, TokenRow.id == UsageRow.owner_id)).all()
+        studies = GaugeMetricFamily("hpo_studies", "studies by status", labels=["status"])
+        for status in VISIBLE:
+            studies.add_metric([status], by_status.get(status, 0))
+        yield studies
+        yield GaugeMetricFamily("hpo_queue_depth", "QUEUED studies",
+                                value=by_status.get(Status.QUEUED, 0))
+        trials = dict.fromkeys(TRIAL_STATES, 0)
+        used: dict[str, float] = defaultdict(float)
+        for owner, text in summaries:
+            summary = StudySummary.from_json(text)
+            for state in TRIAL_STATES:
+                trials[state] += getattr(summary.counts, state)
+            used[owner or "(none)"] += summary.device_seconds_finished
+        for owner, seconds in retired:
+            used[owner] += seconds
+        gauge = GaugeMetricFamily("hpo_trials", "trials of the stored studies by state",
+                                  labels=["state"])
+        for state, n in trials.items():
+            gauge.add_metric([state], n)
+        yield gauge
+        counter = CounterMetricFamily("hpo_device_seconds", "device-seconds of finished "
+                                      "trials by owner, deleted studies included",
+                                      labels=["owner"])
+        for owner in sorted(used):
+            counter.add_metric([owner], used[owner])
+        yield counter
+        yield from self._dispatcher()
+
+    def _dispatcher(self):
+        d = self.dispatcher
+        if d is None:
+            return
+        if d.last_round_at is not None:
+            yield GaugeMetricFamily("hpo_dispatcher_heartbeat_age_seconds",
+                                    "seconds since the dispatcher's last complete round",
+                                    value=time.monotonic() - d.last_round_at)
+        yield CounterMetricFamily("hpo_driver_restarts", "drivers started for a study that "
+                                  "ran before (requeued or taken over)", value=d.restarts)
+        yield CounterMetricFamily("hpo_study_takeovers", "studies taken over from a driver "
+                                  "that was gone", value=d.takeovers)
+
+
+class HttpMetrics:
+    """ASGI middleware counting answers and their durations by route template (read from
+    the route the router matched, ``scope["route"]``, after the request)."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        start = time.perf_counter()
+
+        async def watch(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None)
+            label = ("dashboard" if path == "" else path) if route is not None else "unmatched"
+            method = scope["method"]
+            self.metrics.requests.labels(label, method, str(status)).inc()
+            self.metrics.latency.labels(label, method).observe(time.perf_counter() - start)

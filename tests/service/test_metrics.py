@@ -1,0 +1,93 @@
+"""Prometheus metrics at /metrics (issue 14.2): admin only unless open; every value checked
+by parsing the output with prometheus-client's own parser."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from hpo.summary import StudySummary, TrialCounts
+from service.app import create_app
+from service.db import StudyRow, SummaryRow
+from tests.service.conftest import bearer, tiny_spec
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """``{(sample name, sorted labels): value}`` of an exposition."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_need_an_admin_token_unless_open(client, tokens, settings):
+    assert client.get("/metrics").status_code == 401
+    refused = client.get("/metrics", headers=bearer(tokens["alice"]))
+    assert refused.status_code == 403
+    assert refused.json()["error"]["message"] == ("the metrics need an admin token (or "
+                                                  "HPO_METRICS_OPEN=true)")
+    answer = client.get("/metrics", headers=bearer(tokens["admin"]))
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain; version=")
+    with TestClient(create_app(dataclasses.replace(settings, metrics_open=True))) as open_client:
+        assert open_client.get("/metrics").status_code == 200
+
+
+def _summarize(client, name: str, counts: TrialCounts, seconds: float) -> None:
+    sessions = client.app.state.components.sessions
+    with sessions.begin() as session:
+        study_id = session.execute(sa.select(StudyRow.id).where(StudyRow.name == name)).scalar()
+        session.add(SummaryRow(study_id=study_id, summary=StudySummary(
+            optuna_study_id=None, n_objectives=1, counts=counts,
+            device_seconds_finished=seconds).to_json()))
+
+
+def _set_status(client, name: str, status: str) -> None:
+    with client.app.state.components.sessions.begin() as session:
+        session.execute(sa.update(StudyRow).where(StudyRow.name == name).values(status=status))
+
+
+def test_metrics_count_studies_trials_usage_and_requests(client, tokens):
+    admin, alice, bob = (bearer(tokens[k]) for k in ("admin", "alice", "bob"))
+    for name, who in (("a1", alice), ("a2", alice), ("b1", bob)):
+        assert client.post("/v1/studies", json=tiny_spec(name), headers=who).status_code == 201
+    _summarize(client, "a1", TrialCounts(complete=3, pruned=1, running=2), 12.5)
+    _summarize(client, "a2", TrialCounts(complete=1, failed=2, waiting=1), 2.0)
+    _summarize(client, "b1", TrialCounts(pruned=4), 7.25)
+    _set_status(client, "a1", "RUNNING")
+    _set_status(client, "a2", "COMPLETED")
+    assert client.delete("/v1/studies/a2", headers=alice).status_code == 204  # usage stays
+    assert client.get("/v1/studies/nope", headers=alice).status_code == 404
+    values = samples(client.get("/metrics", headers=admin).text)
+    assert {status: values[("hpo_studies", (("status", status),))] for status in
+            ("QUEUED", "RUNNING", "COMPLETED", "STOPPED", "FAILED")} == {
+        "QUEUED": 1, "RUNNING": 1, "COMPLETED": 0, "STOPPED": 0, "FAILED": 0}
+    assert values[("hpo_queue_depth", ())] == 1
+    assert {state: values[("hpo_trials", (("state", state),))] for state in
+            ("complete", "pruned", "failed", "running", "waiting")} == {
+        "complete": 3, "pruned": 5, "failed": 0, "running": 2, "waiting": 0}
+    assert values[("hpo_device_seconds_total", (("owner", "alice"),))] == 14.5
+    assert values[("hpo_device_seconds_total", (("owner", "bob"),))] == 7.25
+    posts = ("hpo_http_requests_total", (("method", "POST"), ("route", "/v1/studies"),
+                                         ("status", "201")))
+    assert values[posts] == 3
+    missing = ("hpo_http_requests_total", (("method", "GET"), ("route", "/v1/studies/{name}"),
+                                           ("status", "404")))
+    assert values[missing] == 1
+    durations = ("hpo_http_request_duration_seconds_count",
+                 (("method", "POST"), ("route", "/v1/studies")))
+    assert values[durations] == 3
+
+
+@pytest.mark.parametrize("path", ["/v1/studies", "/healthz"])
+def test_no_metric_name_breaks_prometheus_conventions(client, tokens, path):
+    client.get(path, headers=bearer(tokens["alice"]))
+    text = client.get("/metrics", headers=bearer(tokens["admin"])).text
+    for family in text_string_to_metric_families(text):
+        assert family.name.startswith("hpo_"), family.name
+        if family.type == "counter":
+            assert all(s.name.endswith("_total") for s in family.samples)
+        if "duration" in family.name or "age" in family.name:
+            assert family.name.endswith("_seconds"), family.name
