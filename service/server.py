@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import errno
 import gc
 import json
@@ -148,11 +147,11 @@ def serve(settings: Settings) -> None:
         sock.close()
         raise
     if settings.port == 0:
-        settings = dataclasses.replace(settings, port=sock.getsockname()[1])
+        settings = settings.replace(port=sock.getsockname()[1])
     local_ray = None
     if not settings.ray_address:
         local_ray = LocalRay(settings.num_cpus)
-        settings = dataclasses.replace(settings, ray_address=local_ray.address,
+        settings = settings.replace(ray_address=local_ray.address,
                                        ray_auth_mode=local_ray.auth_mode)
         log.info("local Ray head at %s", local_ray.address)
     try:

@@ -4,7 +4,6 @@ service manages, and robust to infinite and NaN values (optuna-dashboard#108).""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import socket
@@ -232,7 +231,7 @@ def test_the_dashboard_cannot_change_the_studies_or_trials_even_for_admins(clien
 
 
 def test_open_reads_show_every_study_without_a_token(settings, tokens, studies):
-    with TestClient(create_app(dataclasses.replace(settings, open_reads=True))) as c:
+    with TestClient(create_app(settings.replace(open_reads=True))) as c:
         names = [s["study_name"] for s in c.get("/api/studies/").json()["study_summaries"]]
         assert sorted(names) == sorted([ALICE_STUDY, BOB_STUDY])
         assert c.get(f"/api/studies/{studies[ALICE_STUDY]}").status_code == 200
@@ -338,7 +337,7 @@ def test_the_dashboard_csv_has_no_checkpoint_column_for_non_admin_tokens(client,
 
 
 def test_open_reads_hide_the_checkpoint_path_too(settings, tokens, checkpointed):
-    with TestClient(create_app(dataclasses.replace(settings, open_reads=True))) as c:
+    with TestClient(create_app(settings.replace(open_reads=True))) as c:
         r = c.get(f"/api/studies/{checkpointed}")
         assert r.status_code == 200 and CHECKPOINT not in r.text
         assert CHECKPOINT not in c.get(f"/csv/{checkpointed}").text

@@ -5,7 +5,6 @@ it is absent). Chromium is driven over the DevTools protocol on a pipe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -119,7 +118,7 @@ def served(settings):
     """An app and its live URL, the URL being the app's own address (``HPO_PUBLIC_URL``)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    app = create_app(dataclasses.replace(settings, public_url=url))
+    app = create_app(settings.replace(public_url=url))
     with serve_in_thread(app, port=port):
         yield app, url
 

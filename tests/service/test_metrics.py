@@ -3,8 +3,6 @@ by parsing the output with prometheus-client's own parser."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -31,7 +29,7 @@ def test_metrics_need_an_admin_token_unless_open(client, tokens, settings):
     answer = client.get("/metrics", headers=bearer(tokens["admin"]))
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain; version=")
-    with TestClient(create_app(dataclasses.replace(settings, metrics_open=True))) as open_client:
+    with TestClient(create_app(settings.replace(metrics_open=True))) as open_client:
         assert open_client.get("/metrics").status_code == 200
 
 

@@ -43,3 +43,43 @@ def test_variables_are_read_and_overrides_win():
 def test_bad_values_name_the_variable(env, name):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env(env)
+
+
+def _readme_settings() -> dict[str, str]:
+    """``{variable: default cell}`` of the README's settings table."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("| variable | default | meaning |", 1)[1].split("\n\n", 1)[0]
+    out = {}
+    for line in table.splitlines()[2:]:
+        names, defaults = (cell.strip() for cell in line.strip("|").split(" | ")[:2])
+        names = [n.strip("` ") for n in names.split(",")]
+        cells = [d.strip() for d in defaults.split(", ")] if len(names) > 1 else [defaults]
+        out.update(zip(names, cells, strict=True))
+    return out
+
+
+def test_the_readme_table_lists_every_setting_with_its_default():
+    """Issue 14.3: the README's settings table and the Settings model agree."""
+    from service.settings import variables
+
+    readme, model = _readme_settings(), variables()
+    assert sorted(readme) == sorted(model)
+    for name, default in model.items():
+        cell = readme[name]
+        if default is None:  # unset: the README says what happens then
+            assert cell, name
+        elif isinstance(default, bool):
+            assert cell == f"`{str(default).lower()}`", (name, cell)
+        elif isinstance(default, int | float):
+            assert float(cell.strip("`")) == default, (name, cell)
+        else:
+            assert cell == f"`{default}`", (name, cell)
+
+
+def test_settings_made_in_code_ignore_the_environment(monkeypatch):
+    monkeypatch.setenv("HPO_PORT", "9999")
+    assert Settings().port == 8000  # only from_env reads the environment
+    assert Settings.from_env().port == 9999
+    assert Settings(port=1).replace(port=2).port == 2
+    with pytest.raises(SettingsError, match="HPO_PORT"):
+        Settings().replace(port=-1)
