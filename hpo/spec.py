@@ -314,7 +314,7 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
             :func:`hpo.validation.check_against_task`.
         allow_paths: ``False`` refuses, before the task's checks read them, the
             fields that name a file-system path of the training machines
-            (:func:`hpo.validation.path_fields`); a service lets only admins.
+            (:func:`hpo.validation.check_paths`); a service lets only admins.
 
     Raises:
         SpecError: every problem found, each with the dotted path of its field.
@@ -325,13 +325,12 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
         raise SpecError(errors)
     spec = _validate(data)
     if check_task or not allow_paths:
-        from hpo.validation import check_against_task, path_fields
+        from hpo.validation import check_against_task, check_paths
 
-        if not allow_paths and (paths := path_fields(spec)):
-            raise SpecError([{"loc": loc, "msg": "a file-system path on the training "
-                              "machines; only an admin token may set it"} for loc in paths])
-        if check_task:
-            spec = check_against_task(spec)
+        if not check_task:
+            check_paths(spec)
+            return spec
+        spec = check_against_task(spec, allow_paths=allow_paths)
     return spec
 
 

@@ -33,13 +33,17 @@ INT_OPTION_LIMITS = {"seed": 2**32 - 1, "num_workers": 256}
 MAX_GRID_SIZE = 1_000_000  # points of the grid sampler's full grid (it builds them all)
 
 
-def check_against_task(spec: StudySpec) -> StudySpec:
+def check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpec:
     """Validate ``spec`` against its task; return it with objective directions filled in.
+
+    The task class is looked up once (a scan of the installed entry points) and
+    handed to every check. ``allow_paths=False`` first refuses the fields that
+    name a file-system path (:func:`check_paths`), before any check reads them.
 
     Raises:
         SpecError: every problem found (unknown task, metric or parameter, a
             value the task refuses, a sampler or scheduler that cannot serve
-            this search space or objective).
+            this search space or objective), or only the path fields.
     """
     try:
         task_cls = trainers.get_task(spec.task)
@@ -47,36 +51,47 @@ def check_against_task(spec: StudySpec) -> StudySpec:
         raise SpecError.at("task", str(e)) from None
     except Exception as e:  # noqa: BLE001 - an installed task's package may raise anything
         raise SpecError.at("task", _contract_msg(spec.task, "import", _exc(e))) from None
-    errors: list[dict[str, str]] = []
     fields = _task_fields(task_cls)
-    errors += _check_config(spec, fields)
+    if not allow_paths:
+        check_paths(spec, fields)
+    errors: list[dict[str, str]] = []
+    errors += _check_config(spec, task_cls, fields)
     if not errors:
         errors += _check_contract(spec, task_cls)
     if not errors:  # values of the search space are checked on top of a valid config
-        errors += _check_search_space(spec, fields)
+        errors += _check_search_space(spec, task_cls, fields)
     objectives, objective_errors = _check_objectives(spec, task_cls)
     errors += objective_errors
-    errors += _check_sampler_and_scheduler(spec)
+    errors += _check_sampler_and_scheduler(spec, task_cls)
     errors += _check_warm_start(spec)
     if errors:
         raise SpecError(errors)
     return spec.model_copy(update={"objectives": objectives})
 
 
-def path_fields(spec: StudySpec) -> list[str]:
-    """Where ``spec`` sets a field that names a file-system path of the training machine
-    (``config.corpus``, ``search_space.cache_dir``, ...): a service lets only admins."""
-    try:
-        fields = _task_fields(trainers.get_task(spec.task))
-    except Exception:  # noqa: BLE001 - unknown or broken: check_against_task says which
-        return []
+def check_paths(spec: StudySpec, fields: dict[str, trainers.FieldInfo] | None = None) -> None:
+    """Refuse the fields of ``spec`` that name a file-system path of the training machines
+    (``config.corpus``, ``search_space.cache_dir``, ...): a service lets only admins set them.
+
+    Raises:
+        SpecError: naming each such field.
+    """
+    if fields is None:
+        try:
+            fields = _task_fields(trainers.get_task(spec.task))
+        except Exception:  # noqa: BLE001 - unknown or broken: check_against_task says which
+            return
     paths = {name for name, info in fields.items() if info.path}
     locs = [f"config.{name}" for name in spec.config if name in paths]
     locs += [f"search_space.{name}" for name in spec.search_space if name in paths]
-    return locs
+    if locs:
+        raise SpecError([{"loc": loc, "msg": "a file-system path on the training machines; "
+                          "only an admin token may set it"} for loc in locs])
 
 
+@functools.lru_cache(maxsize=256)
 def _task_fields(task_cls: type[trainers.Task]) -> dict[str, trainers.FieldInfo]:
+    """The training options and the task's options by name (fixed for a class: cached)."""
     infos = trainers.describe(trainers.TrainConfig) + task_cls.fields()
     return {info.name: info for info in infos}
 
@@ -101,7 +116,7 @@ def _check_contract(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict
     metrics it declares. Built-in tasks are held to it by this project's own tests."""
     if task_cls.__module__.startswith("trainers."):
         return []
-    task, config = trainers.create(spec.task, spec.config)
+    task, config = trainers.create(task_cls, spec.config)
     try:
         found = _creation_violations(task_cls, task.options, config)
     except TypeError:  # options that cannot be hashed: not cached
@@ -109,9 +124,10 @@ def _check_contract(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict
     return [{"loc": "task", "msg": _contract_msg(spec.task, r.rule, r.detail)} for r in found]
 
 
-def _try_create(spec: StudySpec, params: dict[str, Any]) -> trainers.ConfigError | None:
+def _try_create(task_cls: type[trainers.Task], params: dict[str, Any]
+                ) -> trainers.ConfigError | None:
     try:
-        trainers.create(spec.task, params)
+        trainers.create(task_cls, params)
     except trainers.ConfigError as e:
         return e
     return None
@@ -147,7 +163,8 @@ def _number(value: int | float) -> str:
     return f"an integer of {digits} digits" if digits > 20 else repr(value)
 
 
-def _check_config(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) -> list[dict]:
+def _check_config(spec: StudySpec, task_cls: type[trainers.Task],
+                  fields: dict[str, trainers.FieldInfo]) -> list[dict]:
     errors = []
     for name, value in spec.config.items():
         if name in MANAGED_FIELDS:
@@ -158,7 +175,7 @@ def _check_config(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) -> lis
         elif (why := out_of_range(fields[name], value)) is not None:
             errors.append({"loc": f"config.{name}", "msg": why})
     if not errors:
-        e = _try_create(spec, spec.config)
+        e = _try_create(task_cls, spec.config)
         if e is not None:
             errors.append({"loc": f"config.{e.field}", "msg": e.reason})
     return errors
@@ -170,7 +187,8 @@ def _param_values(param) -> list[tuple[str, Any]]:
     return [("low", param.low), ("high", param.high)]
 
 
-def _check_search_space(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) -> list[dict]:
+def _check_search_space(spec: StudySpec, task_cls: type[trainers.Task],
+                        fields: dict[str, trainers.FieldInfo]) -> list[dict]:
     errors = []
     for name, param in spec.search_space.items():
         loc = f"search_space.{name}"
@@ -195,7 +213,7 @@ def _check_search_space(spec: StudySpec, fields: dict[str, trainers.FieldInfo]) 
             continue
         for where, value in _param_values(param):
             why = out_of_range(fields[name], value)
-            e = None if why else _try_create(spec, {**spec.config, name: value})
+            e = None if why else _try_create(task_cls, {**spec.config, name: value})
             if why or e is not None:
                 errors.append({"loc": f"{loc}.{where}", "msg": why or e.reason})
     return errors
@@ -217,7 +235,7 @@ def _check_objectives(spec: StudySpec, task_cls) -> tuple[list[Objective], list[
     return filled, errors
 
 
-def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
+def _check_sampler_and_scheduler(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict]:
     errors = []
     sampler, scheduler = spec.sampler.name, spec.scheduler.name
     if spec.is_multi_objective:
@@ -247,7 +265,7 @@ def _check_sampler_and_scheduler(spec: StudySpec) -> list[dict]:
     if scheduler in POPULATION_SCHEDULERS and not spec.search_space:
         errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
     if scheduler in POPULATION_SCHEDULERS:
-        errors += _check_mutable_in_training(spec)
+        errors += _check_mutable_in_training(spec, task_cls)
         if spec.search_space and all(isinstance(p, CategoricalParam) and len(p.choices) == 1
                                      for p in spec.search_space.values()):
             # numeric parameters always hold two values or more (high > low, steps divide)
@@ -311,8 +329,7 @@ MUTABLE_IN_TRAINING = {"lr", "weight_decay", "momentum", "adam_beta1", "adam_bet
                        "grad_accum_steps", "ema_decay", "eval_with_ema", "precision"}
 
 
-def _check_mutable_in_training(spec: StudySpec) -> list[dict]:
-    task_cls = trainers.get_task(spec.task)
+def _check_mutable_in_training(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict]:
     allowed = MUTABLE_IN_TRAINING | set(task_cls.mutable_options)
     errors = []
     for name, param in spec.search_space.items():
