@@ -23,8 +23,8 @@ from optuna.trial import FrozenTrial
 from sqlalchemy.orm import sessionmaker
 
 from hpo.errors import SpecError, StudyExistsError
-from hpo.record import open_study
 from hpo.spec import StudySpec, WarmStartStudy, parse_spec
+from hpo.study import create_study
 from hpo.summary import StudySummary, TrialCounts
 from hpo.warmstart import warm_start_points
 from service import optuna_sql
@@ -70,7 +70,8 @@ class StudyService:
     def create(self, data: Mapping[str, Any], owner: Principal) -> StudyView:
         """Validate ``data`` as a spec, store it QUEUED and create its Optuna study.
 
-        Nothing stays stored when this raises.
+        Nothing stays stored when this raises. The answer is built from what this call
+        wrote (a new study has no trial yet), without reading the study back.
 
         Raises:
             hpo.errors.SpecError: the spec is invalid (each field named), or names
@@ -81,20 +82,17 @@ class StudyService:
         spec = parse_spec(data, allow_paths=owner.is_admin)
         self._check_warm_start(spec, owner)
         self._insert_creating(spec, owner)
-        if self._optuna_study_exists(spec.name):
-            self.undo_create(spec.name, delete_optuna=False)
-            raise StudyConflict(f"an Optuna study named {spec.name!r} exists already")
         try:  # from here on, an Optuna study of this name is the one this call creates
-            open_study(spec, self.storage)
-            self._transition(spec.name, (Status.CREATING,), status=Status.QUEUED)
+            optuna_id = create_study(spec, self.storage)
+            row = self._queue(spec.name)
             self.on_queued()
-        except StudyExistsError as e:  # created outside the service a moment ago
+        except StudyExistsError as e:  # an Optuna study of that name, made outside the service
             self.undo_create(spec.name, delete_optuna=False)
             raise StudyConflict(str(e)) from None
         except BaseException:
             self.undo_create(spec.name, delete_optuna=True)
             raise
-        return self.view(owner, spec.name)
+        return StudyView(row, owner.name, TrialCounts(), optuna_id, [], 0.0)
 
     def _check_warm_start(self, spec: StudySpec, owner: Principal) -> None:
         """Earlier studies named by ``warm_start`` must be ones ``owner`` may read, and usable.
@@ -120,6 +118,22 @@ class StudyService:
                 session.commit()
             except sqlalchemy.exc.IntegrityError:
                 raise StudyConflict(f"a study named {spec.name!r} exists already") from None
+
+    def _queue(self, name: str) -> StudyRow:
+        """CREATING -> QUEUED; the row as stored then.
+
+        Raises:
+            StudyConflict: the row is gone (a start-up's clean-up of old creates took it).
+        """
+        with self.sessions.begin() as session:
+            row = session.execute(
+                sa.update(StudyRow).where(StudyRow.name == name,
+                                          StudyRow.status == Status.CREATING)
+                .values(status=Status.QUEUED, updated_at=utcnow()).returning(StudyRow)
+            ).scalar_one_or_none()
+        if row is None:
+            raise StudyConflict(f"study {name!r} was removed while it was being created")
+        return row
 
     def undo_create(self, name: str, *, delete_optuna: bool) -> None:
         """Remove a half-created study: its Optuna study (if ours) and its row."""
@@ -293,10 +307,6 @@ class StudyService:
                 StudyRow.name == name, StudyRow.status.in_(from_states)).values(
                 updated_at=utcnow(), **values))
         return result.rowcount == 1
-
-    def _optuna_study_exists(self, name: str) -> bool:
-        with self.sessions() as session:
-            return name in optuna_sql.study_ids(session.connection(), [name])
 
     def _delete_optuna_study(self, name: str) -> None:
         with contextlib.suppress(KeyError):

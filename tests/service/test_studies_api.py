@@ -159,11 +159,11 @@ def test_a_failure_while_creating_the_optuna_study_leaves_nothing_stored(client,
                                                                           monkeypatch):
     import service.studies
 
-    def broken_open_study(spec, storage):
+    def broken_create_study(spec, storage):
         optuna.create_study(study_name=spec.name, storage=storage)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(service.studies, "open_study", broken_open_study)
+    monkeypatch.setattr(service.studies, "create_study", broken_create_study)
     with TestClient(app, raise_server_exceptions=False) as c:
         r = c.post("/v1/studies", json=tiny_spec("half"), headers=bearer(tokens["alice"]))
     assert r.status_code == 500
