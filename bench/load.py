@@ -140,7 +140,8 @@ def run(args, url: str) -> None:
     base = f"http://127.0.0.1:{args.port}"
     tally = Tally()
     try:
-        _wait_ready(base, server)
+        _wait_ready(base, server, warm=True)
+        load_before = os.getloadavg()[0]
         deadline = time.monotonic() + args.seconds
         threads = [threading.Thread(target=client_loop, args=(base, token, tally, deadline, i))
                    for i in range(args.clients)]
@@ -150,17 +151,20 @@ def run(args, url: str) -> None:
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - t0
+        load = (load_before, os.getloadavg()[0])
         lost = lost_studies(base, token, url, tally)
     finally:
         server.terminate()
         server.wait(120)
-    report(args, tally, elapsed, lost)
+    report(args, tally, elapsed, lost, load)
 
 
-def report(args, tally: Tally, elapsed: float, lost: list[str]) -> None:
+def report(args, tally: Tally, elapsed: float, lost: list[str],
+           load: tuple[float, float]) -> None:
     n = sum(len(v) for v in tally.latency.values())
     print(f"{args.clients} clients, {elapsed:.0f} s: {n} requests, {n / elapsed:.1f} req/s, "
-          f"{len(tally.created)} studies created, {len(tally.deleted)} deleted")
+          f"{len(tally.created)} studies created, {len(tally.deleted)} deleted; load average "
+          f"{load[0]:.1f} at the start, {load[1]:.1f} at the end on {os.cpu_count()} CPUs")
     print(f"{'operation':10} {'count':>6} {'p50 ms':>8} {'p99 ms':>8}")
     for op, samples in tally.latency.items():
         ordered = sorted(samples)
