@@ -192,7 +192,8 @@ class StudyService:
     def _summary_once(self, row: StudyRow) -> StudySummary:
         """An ended study's summary computed from Optuna, and stored."""
         summary = compute_summary(self.storage, row)
-        with self.sessions.begin() as session:
+        # a row deleted meanwhile (a concurrent DELETE) keeps no summary
+        with contextlib.suppress(sqlalchemy.exc.IntegrityError), self.sessions.begin() as session:
             store_summary(session, row.id, summary)
         return summary
 

@@ -91,9 +91,19 @@ def compute_summary(storage: optuna.storages.BaseStorage, row: StudyRow) -> Stud
 
 
 def store_summary(session: Session, study_id: int, summary: StudySummary) -> None:
-    """Store ``summary`` for the study unless it has one (the driver's wins)."""
-    values = {"study_id": study_id, "summary": summary.to_json(), "updated_at": utcnow()}
-    session.execute(_insert(session)(SummaryRow).values(**values).on_conflict_do_nothing())
+    """Store ``summary`` for the study unless it has one (the driver's wins) or its row is
+    gone (deleted meanwhile: nothing stored).
+
+    Raises:
+        sqlalchemy.exc.IntegrityError: the row was deleted between the statement's read
+            and its insert (PostgreSQL); the transaction is then to be rolled back.
+    """
+    exists = (sa.select(StudyRow.id, sa.literal(summary.to_json(), sa.Text),
+                        sa.literal(utcnow(), SummaryRow.updated_at.type))
+              .where(StudyRow.id == study_id))
+    statement = _insert(session)(SummaryRow).from_select(
+        [SummaryRow.study_id, SummaryRow.summary, SummaryRow.updated_at], exists)
+    session.execute(statement.on_conflict_do_nothing())
 
 
 def _insert(session: Session):

@@ -19,7 +19,7 @@ from hpo.record import StudyRecord
 from hpo.spec import StudySpec, load_stored
 from hpo.summary import SummaryTracker
 from service.db import Status, StudyRow, SummaryRow
-from service.summaries import summary_tracker, summary_writer
+from service.summaries import store_summary, summary_tracker, summary_writer
 from tests.service.conftest import bearer, tiny_spec
 
 X = {"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)}
@@ -238,3 +238,15 @@ def test_a_kept_pareto_front_follows_new_trials_and_a_study_made_again(client, t
     for values in ([5.0, 5.0], [4.0, 6.0], [9.0, 9.0], [6.0, 4.0]):
         add(again, tracker, values)
     assert front() == [0, 1, 3] == [t.number for t in again.best_trials]
+
+
+def test_a_summary_for_a_deleted_study_is_not_stored(client, tokens, app):
+    """A list computing an ended study's summary while a DELETE removes its row: nothing
+    is stored and nothing fails (bench/load.py saw a foreign-key error here)."""
+    client.post("/v1/studies", json=tiny_spec("gone"), headers=bearer(tokens["alice"]))
+    with app.state.components.sessions.begin() as session:
+        row = session.execute(sa.select(StudyRow).where(StudyRow.name == "gone")).scalar_one()
+        session.execute(sa.delete(StudyRow).where(StudyRow.id == row.id))
+    with app.state.components.sessions.begin() as session:
+        store_summary(session, row.id, SummaryTracker(["maximize"], 1.0).summary())
+    assert _summary_rows(app) == 0
