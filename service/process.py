@@ -8,6 +8,7 @@ one study.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -32,6 +33,18 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if parent_gone():
         os._exit(70)
+
+
+BATCH_NICENESS = 10  # study drivers and the local Ray run below the API's priority
+
+
+def lower_priority(niceness: int = BATCH_NICENESS) -> None:
+    """Run this process (and the processes it starts, which inherit it) ``niceness`` steps
+    below normal CPU priority: batch work (study drivers, the local Ray and its trials) then
+    takes the CPU the API leaves, so reads and writes stay fast on a machine whose cores the
+    trials fill. Where the process may not change its priority, nothing changes."""
+    with contextlib.suppress(OSError):
+        os.nice(niceness)
 
 
 def parent_gone() -> bool:

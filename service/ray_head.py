@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 
-from service.process import die_with_parent
+from service.process import die_with_parent, lower_priority
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     die_with_parent(signal.SIGTERM)  # SIGTERM, so that ray.shutdown() stops Ray's agents too
+    lower_priority()  # Ray's processes and the trials inherit it: the API comes first
     # the clean stop: end of input on stdin (a signal makes Ray's handler print a stack dump)
     threading.Thread(target=_set_at_end_of_input, args=(done,), daemon=True).start()
     import ray
