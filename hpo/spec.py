@@ -55,11 +55,14 @@ from hpo.algorithms import (
 )
 from hpo.errors import SpecError, printable, unprintable
 from hpo.params import CategoricalParam, Choice, FloatParam, IntParam, Param
+from hpo.suggest import did_you_mean
 
 __all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "CategoricalParam", "FloatParam",
            "IntParam", "StudySpec", "load_spec", "load_stored", "parse_spec", "parse_text"]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_RULE = ("must be 1 to 64 characters: letters, digits, '_', '.' and '-', starting with "
+             "a letter or a digit")
 """Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""
 BUILTIN_RESOURCES = ("CPU", "GPU", "MEMORY")  # Ray's own; not custom resources
 RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
@@ -241,13 +244,23 @@ def _unwrap(node: dict, defs: dict[str, dict]) -> dict:
 
 
 def _field_path(loc: tuple, data: Any) -> str:
-    """The user's dotted field path of a pydantic error ``loc``, read off the spec's core
-    schema: where the schema is a union, pydantic's loc holds one element that is not
-    the user's (the member's tag for a discriminated union, the member's name for a plain
-    one of scalars) and it is dropped. A single objective (a mapping) has no index."""
+    """The user's dotted field path of a pydantic error ``loc`` (see :func:`_walk`)."""
+    out, _ = _walk(loc)
+    if out[:1] == ["objective"] and len(out) > 1 and isinstance(data.get("objective"), Mapping):
+        del out[1]  # the index of the list it was normalized to
+    return ".".join(map(str, out))
+
+
+def _walk(loc: tuple) -> tuple[list[str | int], list[str]]:
+    """Follow a pydantic error ``loc`` down the spec's core schema: the user's path, and the
+    fields of the model where its last part was looked up (``[]`` elsewhere). Where the
+    schema is a union, pydantic's loc holds one element that is not the user's (the
+    member's tag for a discriminated union, the member's name for a plain one of scalars)
+    and it is dropped."""
     defs: dict[str, dict] = {}
     node: dict | None = StudySpec.__pydantic_core_schema__
     out: list[str | int] = []
+    fields: dict = {}
     for part in loc:
         node = _unwrap(node, defs) if node is not None else None
         kind = node["type"] if node is not None else None
@@ -258,6 +271,7 @@ def _field_path(loc: tuple, data: Any) -> str:
             node = None
             continue
         out.append(part)
+        fields = {}
         if kind == "model-fields":
             fields = {f.get("validation_alias") or name: f
                       for name, f in node["fields"].items()}
@@ -268,9 +282,21 @@ def _field_path(loc: tuple, data: Any) -> str:
             node = node["values_schema"]
         else:
             node = None
-    if out[:1] == ["objective"] and len(out) > 1 and isinstance(data.get("objective"), Mapping):
-        del out[1]  # the index of the list it was normalized to
-    return ".".join(map(str, out))
+    return out, sorted(fields)
+
+
+def _error(err: dict, data: Any) -> dict[str, str]:
+    """One pydantic error as ``{"loc", "msg"}``: an unknown field gets "did you mean", a
+    name that breaks ``NAME_PATTERN`` the rule in words."""
+    msg = _msg(err["msg"])
+    if err["type"] == "extra_forbidden":
+        _, allowed = _walk(err["loc"])
+        msg = f"not a field here{did_you_mean(str(err['loc'][-1]), allowed)}" + (
+            f"; fields here: {', '.join(allowed)}" if allowed else "")
+    elif err["type"] == "string_pattern_mismatch" and \
+            err.get("ctx", {}).get("pattern") == NAME_PATTERN:
+        msg = NAME_RULE
+    return {"loc": _field_path(err["loc"], data), "msg": msg}
 
 
 def _msg(text: str) -> str:
@@ -351,8 +377,7 @@ def _validate(data: Mapping[str, Any]) -> StudySpec:
     try:
         return StudySpec.model_validate(dict(data))
     except ValidationError as e:
-        raise SpecError([{"loc": _field_path(err["loc"], data), "msg": _msg(err["msg"])}
-                         for err in e.errors()]) from None
+        raise SpecError([_error(err, data) for err in e.errors()]) from None
 
 
 def load_spec(path: str | Path, *, check_task: bool = True) -> StudySpec:

@@ -20,6 +20,7 @@ from hpo.errors import SpecError, public_message
 from hpo.params import CategoricalParam, FloatParam, IntParam
 from hpo.space import grid_size
 from hpo.spec import POPULATION_SCHEDULERS, Objective, StudySpec, WarmStartStudy
+from hpo.suggest import did_you_mean
 from trainers.contract import creation_violations
 
 # Set per trial by the service; a spec may not fix or search them.
@@ -171,7 +172,8 @@ def _check_config(spec: StudySpec, task_cls: type[trainers.Task],
             errors.append({"loc": f"config.{name}", "msg": MANAGED_FIELDS[name]})
         elif name not in fields:
             errors.append({"loc": f"config.{name}",
-                           "msg": f"not a training option nor an option of task {spec.task!r}"})
+                           "msg": f"not a training option nor an option of task {spec.task!r}"
+                                  f"{did_you_mean(name, fields)}"})
         elif (why := out_of_range(fields[name], value)) is not None:
             errors.append({"loc": f"config.{name}", "msg": why})
     if not errors:
@@ -197,7 +199,8 @@ def _check_search_space(spec: StudySpec, task_cls: type[trainers.Task],
             continue
         if name not in fields:
             known = sorted(set(fields) - set(MANAGED_FIELDS))
-            errors.append({"loc": loc, "msg": f"not a parameter of task {spec.task!r}; "
+            errors.append({"loc": loc, "msg": f"not a parameter of task {spec.task!r}"
+                                              f"{did_you_mean(name, known)}; "
                                               f"parameters: {', '.join(known)}"})
             continue
         if name in spec.config:
@@ -227,7 +230,8 @@ def _check_objectives(spec: StudySpec, task_cls) -> tuple[list[Objective], list[
         if objective.metric not in task_cls.metrics:
             errors.append({"loc": f"{loc}.metric",
                            "msg": f"task {spec.task!r} reports {sorted(task_cls.metrics)}, "
-                                  f"not {objective.metric!r}"})
+                                  f"not {objective.metric!r}"
+                                  f"{did_you_mean(objective.metric, task_cls.metrics)}"})
             filled.append(objective)
             continue
         direction = objective.direction or task_cls.metrics[objective.metric]
