@@ -34,7 +34,26 @@ MAX_EXACT_INT = 2**53  # ints of a search space: exact in float64, as Optuna's s
 SearchInt = Annotated[StrictInt, Field(ge=-MAX_EXACT_INT, le=MAX_EXACT_INT)]
 
 
-class FloatParam(Strict):
+class _Range(Strict):
+    """The bounds of a numeric parameter: ``low > 0`` when ``log``, ``high > low``."""
+
+    @field_validator("low", check_fields=False)
+    @classmethod
+    def _low(cls, v: float, info: ValidationInfo) -> float:
+        if info.data.get("log") and v <= 0:
+            raise ValueError(f"must be > 0 when log is true, got {v}")
+        return v
+
+    @field_validator("high", check_fields=False)
+    @classmethod
+    def _high(cls, v: float, info: ValidationInfo) -> float:
+        low = info.data.get("low")
+        if low is not None and v <= low:
+            raise ValueError(f"must be > low ({low}), got {v}")
+        return v
+
+
+class FloatParam(_Range):
     """A float in ``[low, high]``, optionally log-uniform or on a grid of ``step``."""
 
     type: Literal["float"]
@@ -42,21 +61,6 @@ class FloatParam(Strict):
     low: StrictFloat
     high: StrictFloat
     step: StrictFloat | None = None
-
-    @field_validator("low")
-    @classmethod
-    def _low(cls, v: float, info: ValidationInfo) -> float:
-        if info.data.get("log") and v <= 0:
-            raise ValueError(f"must be > 0 when log is true, got {v}")
-        return v
-
-    @field_validator("high")
-    @classmethod
-    def _high(cls, v: float, info: ValidationInfo) -> float:
-        low = info.data.get("low")
-        if low is not None and v <= low:
-            raise ValueError(f"must be > low ({low}), got {v}")
-        return v
 
     @field_validator("step")
     @classmethod
@@ -83,7 +87,7 @@ class FloatParam(Strict):
         return v
 
 
-class IntParam(Strict):
+class IntParam(_Range):
     """An integer in ``[low, high]`` with ``step``, optionally log-uniform."""
 
     type: Literal["int"]
@@ -91,21 +95,6 @@ class IntParam(Strict):
     low: SearchInt
     high: SearchInt
     step: StrictInt = 1
-
-    @field_validator("low")
-    @classmethod
-    def _low(cls, v: int, info: ValidationInfo) -> int:
-        if info.data.get("log") and v <= 0:
-            raise ValueError(f"must be > 0 when log is true, got {v}")
-        return v
-
-    @field_validator("high")
-    @classmethod
-    def _high(cls, v: int, info: ValidationInfo) -> int:
-        low = info.data.get("low")
-        if low is not None and v <= low:
-            raise ValueError(f"must be > low ({low}), got {v}")
-        return v
 
     @field_validator("step")
     @classmethod
