@@ -73,9 +73,12 @@ def fill(storage, name: str, start: int, stop: int, objectives: int, rng: random
 
     Optuna writes one trial per transaction (``create_new_trial``): 10k trials took about
     half an hour on PostgreSQL on the loaded 2-core machine. The same rows go in here
-    through Optuna's own ORM models (private: a bench's shortcut, not the product's).
+    through Optuna's own ORM models (private: a bench's shortcut, not the product's; the
+    import is in hpo.storage, the module for Optuna's private names).
     """
-    from optuna.storages._rdb import models
+    from hpo.storage import orm_models
+
+    models = orm_models()
 
     study_id = storage.get_study_id_from_name(name)
     finite = models.TrialValueModel.TrialValueType.FINITE

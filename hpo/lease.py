@@ -182,6 +182,13 @@ def release(engine: sa.Engine, name: str, holder: str) -> bool:
             LEASES.c.holder: None, LEASES.c.pid: None}) is not None
 
 
+def forget(conn: sa.Connection, name: str) -> None:
+    """Remove the lease ``name`` if no one holds it (its study was deleted); a held one
+    stays until released or stale. Nothing when ``hpo_leases`` was never made."""
+    if sa.inspect(conn).has_table(LEASES.name):
+        conn.execute(sa.delete(LEASES).where(LEASES.c.name == name, LEASES.c.holder.is_(None)))
+
+
 class DriverLease:
     """Context manager holding a study's driver lease (see module doc), renewed every
     ``HEARTBEAT_S`` seconds by a thread while held.

@@ -172,3 +172,12 @@ def pareto_front_mask(losses):
         bool array of shape ``(n_trials,)``; rows equal to a front row are on the front too.
     """
     return _is_pareto_front(losses, assume_unique_lexsorted=False)
+
+
+def orm_models():
+    """Optuna's ORM models of ``RDBStorage`` (private: ``optuna.storages._rdb.models``), for
+    a bench that writes thousands of trials in one transaction (``bench/read_scaling.py``);
+    the product writes through Optuna's storage API only."""
+    from optuna.storages._rdb import models
+
+    return models

@@ -22,6 +22,7 @@ import sqlalchemy.exc
 from optuna.trial import FrozenTrial
 from sqlalchemy.orm import sessionmaker
 
+from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
 from hpo.spec import StudySpec, WarmStartStudy, parse_spec
 from hpo.study import create_study
@@ -283,6 +284,7 @@ class StudyService:
             session.execute(sa.delete(SummaryRow).where(SummaryRow.study_id.in_(gone)))
             session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
                                                       StudyRow.status == Status.DELETING))
+            lease.forget(session.connection(), name)  # its driver lease, if free
 
     # -- helpers ---------------------------------------------------------------------
 

@@ -89,3 +89,20 @@ def test_no_metric_name_breaks_prometheus_conventions(client, tokens, path):
             assert all(s.name.endswith("_total") for s in family.samples)
         if "duration" in family.name or "age" in family.name:
             assert family.name.endswith("_seconds"), family.name
+
+
+def test_deleting_a_study_removes_its_free_driver_lease_only(client, tokens):
+    """A deleted study leaves no row in hpo_leases behind, unless a live holder keeps it."""
+    from hpo import lease
+
+    engine = client.app.state.components.sessions.kw["bind"]
+    alice = bearer(tokens["alice"])
+    lease.create_table(engine)
+    for name in ("freed", "held"):
+        assert client.post("/v1/studies", json=tiny_spec(name), headers=alice).status_code == 201
+        assert lease.acquire(engine, name, "driver-1", host="elsewhere", pid=1)
+    assert lease.release(engine, "freed", "driver-1")
+    for name in ("freed", "held"):
+        assert client.delete(f"/v1/studies/{name}", headers=alice).status_code == 204
+    assert lease.read(engine, "freed") is None
+    assert lease.read(engine, "held").holder == "driver-1"
