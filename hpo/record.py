@@ -386,6 +386,9 @@ class StudyRecord:
                              {k: v for k, v in attrs.items() if v is not None})
         self.study.tell(t.number, values, state=state, skip_if_finished=True)
         t.told = True
+        log.info("trial %d ended %s%s", t.number, state.name,
+                 f" ({extra['stopped_by']})" if extra.get("stopped_by") else "",
+                 extra={"study": self.spec.name, "trial": t.number})
         self._changed(t.trial_id)
         if state == TrialState.COMPLETE and not self.spec.is_multi_objective:
             value = values[0]

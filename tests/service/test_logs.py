@@ -100,3 +100,25 @@ def test_log_format_setting_names_the_variable():
     with pytest.raises(SettingsError,
                        match="HPO_LOG_FORMAT: Input should be 'text' or 'json', got 'xml'"):
         Settings.from_env({"HPO_LOG_FORMAT": "xml"})
+
+
+def test_a_trial_s_end_is_logged_with_its_study_and_number(captured, tmp_path):
+    """The record's log line at a trial's end carries the trial number (issue 14.4)."""
+    import optuna
+
+    from hpo.record import StudyRecord
+    from hpo.spec import parse_spec
+    from hpo.storage import open_storage
+    from tests.service.conftest import tiny_spec
+
+    spec = parse_spec(tiny_spec("logged", n_trials=1))
+    record = StudyRecord(spec, open_storage(f"sqlite:///{tmp_path / 'o.db'}"))
+    record.ask("ray-1")
+    record.started("ray-1")
+    record.result("ray-1", {"val_accuracy": 0.5, "updates": 1, "stop_reason": "max_updates"})
+    record.complete_or_prune("ray-1", "scheduler")
+    ended = [line for line in _lines(captured) if line["logger"] == "hpo.record"]
+    assert [(e["message"], e["study"], e["trial"]) for e in ended] == [
+        ("trial 0 ended COMPLETE", "logged", 0)]
+    assert optuna.load_study(study_name="logged", storage=record.storage).trials[0].state.name \
+        == "COMPLETE"
