@@ -51,20 +51,27 @@ def register(app: typer.Typer) -> None:
 def serve(host: Annotated[str | None, typer.Option(envvar="HPO_HOST")] = None,
           port: Annotated[int | None, typer.Option(envvar="HPO_PORT")] = None) -> None:
     """Serve the REST API, the dispatcher and the Optuna dashboard (and a local Ray)."""
+    from service import logs
+    from service.errors import ServiceError
+    from service.server import listen
     from service.server import serve as run_server
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = _settings(**overrides)
-    _check_database(settings.database_url)  # before the seconds of starting a local Ray
-    from service import logs
-    from service.errors import ServiceError
-
-    logs.configure(settings.log_format)
     try:
-        run_server(settings)
+        sock = listen(settings.host, settings.port)  # first: a taken port fails at once
     except ServiceError as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(1) from None
+    try:
+        _check_database(settings.database_url)  # before the seconds of starting a local Ray
+        logs.configure(settings.log_format)
+        run_server(settings, sock=sock)
+    except ServiceError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        sock.close()
 
 
 def token_create(name: Annotated[str, typer.Argument(help="a name for the token's owner")],

@@ -129,8 +129,9 @@ class _Server(uvicorn.Server):
                      self.url, self.url)
 
 
-def serve(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM.
+def serve(settings: Settings, sock: socket.socket | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, on ``sock`` (from :func:`listen`) or a socket it binds
+    first, before anything slow is imported or started.
 
     Raises:
         ServiceError: the port is in use (before anything else starts), the service's
@@ -138,9 +139,8 @@ def serve(settings: Settings) -> None:
             not start.
         hpo.errors.StorageError: the database cannot be opened.
     """
-    from service.app import create_app
-
-    sock = listen(settings.host, settings.port)
+    if sock is None:
+        sock = listen(settings.host, settings.port)
     try:
         _prepare_schema(settings)  # an outdated schema is refused before Ray starts
     except BaseException:
@@ -152,9 +152,11 @@ def serve(settings: Settings) -> None:
     if not settings.ray_address:
         local_ray = LocalRay(settings.num_cpus)
         settings = settings.replace(ray_address=local_ray.address,
-                                       ray_auth_mode=local_ray.auth_mode)
+                                    ray_auth_mode=local_ray.auth_mode)
         log.info("local Ray head at %s", local_ray.address)
     try:
+        from service.app import create_app  # seconds of imports: after the port is ours
+
         app = create_app(settings)
         # what the imports and the app built lives as long as the process: frozen out of
         # the cycle collector's reach, a full collection no longer walks those ~400k

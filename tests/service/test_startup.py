@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -122,3 +123,30 @@ def test_the_server_logs_its_addresses_once_ready(caplog):
     thread.join(30)
     sock.close()
     assert f"ready: API {url}/v1, docs {url}/docs, dashboard {url}/dashboard" in caplog.messages
+
+
+def test_hpo_serve_on_a_taken_port_fails_before_importing_torch_ray_or_the_app(tmp_path):
+    """The port is checked first: nothing slow (torch, Ray, the app and its dashboard) is
+    imported, let alone started, before `hpo serve` says the port is taken."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "import hpo.cli\n"
+        "r = CliRunner().invoke(hpo.cli.app, ['serve', '--port', sys.argv[1]])\n"
+        "print(r.exit_code, [m for m in ('torch', 'ray', 'service.app') if m in sys.modules])\n"
+        "print(' '.join(r.output.split()))\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-c", code, str(port)], capture_output=True,
+                              text=True, timeout=120,
+                              env={**os.environ, "HPO_DATABASE_URL": f"sqlite:///{tmp_path}/h.db"})
+    first, second = proc.stdout.splitlines()[:2]
+    assert first == "1 []", proc.stdout + proc.stderr
+    assert second == (f"error: port {port} on 127.0.0.1 is in use (another server?): choose "
+                      f"another with --port or HPO_PORT")
+    assert not (tmp_path / "h.db").exists()  # not even the database was opened
