@@ -14,6 +14,7 @@ httpx are imported inside the commands, so ``hpo run`` stays light.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -126,17 +127,24 @@ def db_upgrade() -> None:
 
 def db_current() -> None:
     """The revision of the service's tables (none: not created yet) and the newest one."""
+    from hpo.storage import redact, sqlite_path
     from service import migrate
     from service.db import build_engine
 
     settings = _settings()
+    path = sqlite_path(settings.database_url)
+    if path is not None and not path.exists():  # say so rather than make an empty database
+        out.print(f"none: no database at {path.resolve()} (HPO_DATABASE_URL); newest: "
+                  f"{migrate.head()}", highlight=False)
+        return
     _check_database(settings.database_url)
     engine = build_engine(settings.database_url)
     try:
         revision = migrate.current(engine)
     finally:
         engine.dispose()
-    out.print(f"{revision or 'none'} (newest: {migrate.head()})", highlight=False)
+    out.print(f"{revision or 'none'} (newest: {migrate.head()}) in "
+              f"{redact(settings.database_url)}", highlight=False, soft_wrap=True)
 
 
 def _settings(**overrides):
@@ -176,6 +184,9 @@ def _fail(e) -> None:
     for d in e.details:
         err.print(f"  {d['loc'] or '<spec>'}: {d['msg']}", markup=False)
     if e.status == 401:
+        if os.environ.get("HPO_TOKEN", None) == "":
+            err.print("HPO_TOKEN is set but empty (did `hpo token create` fail?)",
+                      markup=False, highlight=False)
         err.print(TOKEN_HINT, markup=False, highlight=False)
     raise typer.Exit(2 if e.status in (400, 413, 415, 422) else 1)
 

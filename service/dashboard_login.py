@@ -109,12 +109,13 @@ def cross_origin_refusal(headers: Mapping[str, str], own_url: str) -> Response |
     source = headers.get("origin") or headers.get("referer")
     if source is not None and _origin(source) in _own_origins(own_url):
         return None
+    got = f"got {source!r}" if source is not None else "it has neither"
     return error_response(
         403, "forbidden",
-        f"a request authenticated by the dashboard's cookie that changes something must come "
-        f"from this service's own pages: its Origin (or Referer) header must be {own_url}, "
-        f"got {source!r}; set HPO_PUBLIC_URL to the address people open, or send "
-        f"Authorization: Bearer TOKEN instead")
+        f"a dashboard login, or a change made with the dashboard's cookie, must come from "
+        f"this service's own pages: its Origin (or Referer) header must be {own_url}, {got} "
+        f"(a script sends -H 'Origin: {own_url}'); set HPO_PUBLIC_URL to the address people "
+        f"open, or send Authorization: Bearer TOKEN instead")
 
 
 def _origin(url: str) -> tuple[str, str, int | None] | None:

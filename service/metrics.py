@@ -160,8 +160,12 @@ class HttpMetrics:
             await self.app(scope, receive, watch)
         finally:
             route = scope.get("route")
-            path = getattr(route, "path", None)
-            label = ("dashboard" if path == "" else path) if route is not None else "unmatched"
+            if route is not None:
+                label = route.path or "dashboard"
+            elif scope.get("endpoint") is not None:  # Starlette's Mount sets no route: the
+                label = "dashboard"  # dashboard, mounted at /, is the app's only mount
+            else:
+                label = "unmatched"
             method = scope["method"]
             self.metrics.requests.labels(label, method, str(status)).inc()
             self.metrics.latency.labels(label, method).observe(time.perf_counter() - start)

@@ -150,6 +150,8 @@ def serve(settings: Settings, sock: socket.socket | None = None) -> None:
         settings = settings.replace(port=sock.getsockname()[1])
     local_ray = None
     if not settings.ray_address:
+        log.info("listening on %s; starting a local Ray head first (10-60 s), then the API",
+                 settings.url)
         local_ray = LocalRay(settings.num_cpus)
         settings = settings.replace(ray_address=local_ray.address,
                                     ray_auth_mode=local_ray.auth_mode)

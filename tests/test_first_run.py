@@ -143,3 +143,19 @@ def test_the_quick_starts_files_are_ignored_by_git():
     proc = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO,
                           capture_output=True, text=True, timeout=30)
     assert proc.stdout.split() == paths
+
+
+def test_a_cli_401_with_an_empty_token_says_so(monkeypatch):
+    from typer.testing import CliRunner
+
+    import hpo.cli
+    from service.client import ApiError, Client
+
+    def refuse(self, name):
+        raise ApiError(401, "not_authenticated", "a bearer token is required")
+
+    monkeypatch.setattr(Client, "study", refuse)
+    monkeypatch.setenv("HPO_TOKEN", "")  # what `export HPO_TOKEN=$(failing command)` leaves
+    result = CliRunner().invoke(hpo.cli.app, ["status", "some-study"])
+    assert result.exit_code == 1
+    assert "HPO_TOKEN is set but empty (did `hpo token create` fail?)" in result.output

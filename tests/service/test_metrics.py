@@ -58,6 +58,7 @@ def test_metrics_count_studies_trials_usage_and_requests(client, tokens):
     _set_status(client, "a2", "COMPLETED")
     assert client.delete("/v1/studies/a2", headers=alice).status_code == 204  # usage stays
     assert client.get("/v1/studies/nope", headers=alice).status_code == 404
+    assert client.get("/dashboard/login").status_code == 200  # the dashboard's mount
     values = samples(client.get("/metrics", headers=admin).text)
     assert {status: values[("hpo_studies", (("status", status),))] for status in
             ("QUEUED", "RUNNING", "COMPLETED", "STOPPED", "FAILED")} == {
@@ -74,6 +75,9 @@ def test_metrics_count_studies_trials_usage_and_requests(client, tokens):
     missing = ("hpo_http_requests_total", (("method", "GET"), ("route", "/v1/studies/{name}"),
                                            ("status", "404")))
     assert values[missing] == 1
+    dashboard = ("hpo_http_requests_total", (("method", "GET"), ("route", "dashboard"),
+                                             ("status", "200")))
+    assert values[dashboard] == 1
     durations = ("hpo_http_request_duration_seconds_count",
                  (("method", "POST"), ("route", "/v1/studies")))
     assert values[durations] == 3

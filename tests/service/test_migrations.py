@@ -142,7 +142,8 @@ def test_hpo_db_current_and_upgrade(sqlite_url, monkeypatch):
     runner = CliRunner()
     result = runner.invoke(hpo.cli.app, ["db", "current"])
     assert result.exit_code == 0, result.output
-    assert result.output.split() == [migrate.BASELINE, "(newest:", f"{migrate.head()})"]
+    assert result.output.split() == [migrate.BASELINE, "(newest:", f"{migrate.head()})", "in",
+                                     sqlite_url]
     result = runner.invoke(hpo.cli.app, ["db", "upgrade"])
     assert result.exit_code == 0, result.output
     assert f"upgraded the service's tables from {migrate.BASELINE} to {migrate.head()}" \
@@ -190,3 +191,15 @@ def test_hpo_serve_refuses_an_outdated_schema_before_starting_ray(tmp_path, monk
                         results_dir=tmp_path / "results")
     with pytest.raises(migrate.SchemaOutdated, match="run `hpo db upgrade`"):
         server_module.serve(settings)
+
+
+def test_hpo_db_current_makes_no_database_where_there_is_none(tmp_path, monkeypatch):
+    import hpo.cli
+
+    missing = tmp_path / "elsewhere" / "hpo.db"
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{missing}")
+    result = CliRunner().invoke(hpo.cli.app, ["db", "current"])
+    assert result.exit_code == 0, result.output
+    assert " ".join(result.output.split()) == (
+        f"none: no database at {missing} (HPO_DATABASE_URL); newest: {migrate.head()}")
+    assert not missing.exists() and not missing.parent.exists()
