@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", help="the service's address")]
@@ -49,8 +49,12 @@ def register(app: typer.Typer) -> None:
         app.command()(command)
 
 
-def serve(host: Annotated[str | None, typer.Option(envvar="HPO_HOST")] = None,
-          port: Annotated[int | None, typer.Option(envvar="HPO_PORT")] = None) -> None:
+def serve(host: Annotated[str | None, typer.Option(
+              help="address to listen on (else HPO_HOST, default 127.0.0.1)",
+              show_default=False)] = None,
+          port: Annotated[int | None, typer.Option(
+              help="port to listen on (else HPO_PORT, default 8000)", show_default=False)]
+          = None) -> None:
     """Serve the REST API, the dispatcher and the Optuna dashboard (and a local Ray)."""
     from service import logs
     from service.errors import ServiceError
@@ -143,6 +147,11 @@ def db_current() -> None:
         revision = migrate.current(engine)
     finally:
         engine.dispose()
+    try:
+        migrate.check_known(revision)
+    except migrate.SchemaOutdated as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
     out.print(f"{revision or 'none'} (newest: {migrate.head()}) in "
               f"{redact(settings.database_url)}", highlight=False, soft_wrap=True)
 

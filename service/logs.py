@@ -32,8 +32,10 @@ request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request
                                                                         default=None)
 _bound: dict[str, object] = {}  # process-wide context (a driver process's study)
 
-SECRET = re.compile(r"(?P<keep>token=|Bearer\s+)[^&\s\"',]+|\bhpo_[A-Za-z0-9_\-]{8,}",
-                    re.IGNORECASE)
+# a token anywhere (also after an escape like %22 or _, or with its _ escaped as %5F), a
+# bearer credential (also Bearer%20...) and a token= query value (also token%3D...)
+SECRET = re.compile(r"(?P<keep>token(?:=|%3D)|Bearer(?:\s|%20|\+)+)[^&\s\"',]+"
+                    r"|hpo(?:_|%5F)[A-Za-z0-9_\-]{20,}", re.IGNORECASE)
 REQUEST_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 
 
@@ -83,7 +85,13 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """The text format, with the context in brackets when there is one."""
+    """The text format, with the context in brackets when there is one; tracebacks redacted."""
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return redact(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return redact(super().formatStack(stack_info))
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)

@@ -45,6 +45,8 @@ from hpo.summary import StudySummary
 from service.db import VISIBLE, Status, StudyRow, SummaryRow, TokenRow, UsageRow
 
 disable_created_metrics()  # no *_created series: they double every counter's series count
+# a client may send any method name: others are one label, so labels stay bounded
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 TRIAL_STATES = ("complete", "pruned", "failed", "running", "waiting")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -166,6 +168,6 @@ class HttpMetrics:
                 label = "dashboard"  # dashboard, mounted at /, is the app's only mount
             else:
                 label = "unmatched"
-            method = scope["method"]
+            method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.requests.labels(label, method, str(status)).inc()
             self.metrics.latency.labels(label, method).observe(time.perf_counter() - start)

@@ -81,7 +81,7 @@ def upgrade(engine: sa.Engine) -> tuple[str | None, str]:
         before = MigrationContext.configure(
             connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
         has_tables = sa.inspect(connection).has_table("hpo_studies")
-        _check_known(before)
+        check_known(before)
         config = _config(connection)
         if before is None and not has_tables:  # a new database
             from service.db import Base
@@ -107,7 +107,7 @@ def prepare(engine: sa.Engine, *, auto: bool) -> None:
     revision = current(engine)
     if revision == head():
         return
-    _check_known(revision)
+    check_known(revision)
     if revision is not None and not auto:
         raise SchemaOutdated(
             f"the database's service tables are at revision {revision}, this version needs "
@@ -116,7 +116,8 @@ def prepare(engine: sa.Engine, *, auto: bool) -> None:
     upgrade(engine)
 
 
-def _check_known(revision: str | None) -> None:
+def check_known(revision: str | None) -> None:
+    """Raises :class:`SchemaOutdated` for a revision this code does not know."""
     if revision is None:
         return
     scripts = ScriptDirectory.from_config(_config())

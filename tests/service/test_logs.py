@@ -68,7 +68,7 @@ def test_study_and_trial_context(captured):
     logs.bind(study="digits-1")
     logging.getLogger("hpo.record").info("trial ended", extra={"trial": 7})
     try:
-        raise ValueError("boom hpo_abcdefghijklmnop")
+        raise ValueError("boom hpo_abcdefghijklmnopqrstuvwxyz")
     except ValueError:
         logging.getLogger("service.worker").exception("study failed")
     first, second = _lines(captured)
@@ -122,3 +122,32 @@ def test_a_trial_s_end_is_logged_with_its_study_and_number(captured, tmp_path):
         ("trial 0 ended COMPLETE", "logged", 0)]
     assert optuna.load_study(study_name="logged", storage=record.storage).trials[0].state.name \
         == "COMPLETE"
+
+
+@pytest.mark.parametrize("text", [
+    "GET /v1/studies?x=Bearer%20{t}", "?q=%22{t}", "?token%3D{t}", "x_{t}", "a{t}",
+    "/v1/studies/hpo%5F{rest}", "Authorization: bearer {t}", "Bearer+{t}"])
+def test_tokens_are_hidden_however_they_are_written(text):
+    token = "hpo_" + "Ab3_-" * 9  # the shape of hpo token create's tokens
+    line = logs.redact(text.format(t=token, rest=token[4:]))
+    assert token[4:] not in line and "<hidden>" in line, line
+
+
+def test_text_tracebacks_hide_tokens_too():
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    token = "hpo_" + "x" * 43
+    try:
+        logs.configure("text", stream=stream)
+        try:
+            raise ValueError(f"Bearer {token}")
+        except ValueError:
+            logging.getLogger("service.x").exception("failed")
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved:
+            root.addHandler(handler)
+    assert "ValueError: Bearer <hidden>" in stream.getvalue()
+    assert token not in stream.getvalue()

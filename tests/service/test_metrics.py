@@ -110,3 +110,12 @@ def test_deleting_a_study_removes_its_free_driver_lease_only(client, tokens):
         assert client.delete(f"/v1/studies/{name}", headers=alice).status_code == 204
     assert lease.read(engine, "freed") is None
     assert lease.read(engine, "held").holder == "driver-1"
+
+
+def test_unknown_methods_share_one_label(client, tokens):
+    for i in range(20):
+        client.request(f"WEIRD{i}", "/healthz")
+    values = samples(client.get("/metrics", headers=bearer(tokens["admin"])).text)
+    counted = {dict(labels)["method"]: value for (name, labels), value in values.items()
+               if name == "hpo_http_requests_total"}
+    assert counted == {"other": 20}  # this scrape is counted after it answers

@@ -203,3 +203,27 @@ def test_hpo_db_current_makes_no_database_where_there_is_none(tmp_path, monkeypa
     assert " ".join(result.output.split()) == (
         f"none: no database at {missing} (HPO_DATABASE_URL); newest: {migrate.head()}")
     assert not missing.exists() and not missing.parent.exists()
+
+
+def test_hpo_db_current_refuses_a_revision_it_does_not_know(sqlite_url, monkeypatch):
+    import hpo.cli
+
+    monkeypatch.setenv("HPO_DATABASE_URL", sqlite_url)
+    engine = build_engine(sqlite_url)
+    migrate.prepare(engine, auto=True)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '9999zz'"))
+    engine.dispose()
+    result = CliRunner().invoke(hpo.cli.app, ["db", "current"])
+    assert result.exit_code == 1
+    assert "revision 9999zz, which this version does not know" in result.output
+
+
+def test_a_bad_hpo_port_is_one_line_naming_the_variable(monkeypatch):
+    import hpo.cli
+
+    monkeypatch.setenv("HPO_PORT", "abc")
+    result = CliRunner().invoke(hpo.cli.app, ["serve"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: HPO_PORT: "), result.output
