@@ -2,7 +2,7 @@
 
     hpo serve [--host H] [--port P]
     hpo token create NAME [--admin]
-    hpo submit SPEC [--wait]       hpo status NAME     hpo trials NAME
+    hpo submit SPEC [--wait]       hpo status NAME     hpo trials NAME     hpo list
     hpo stop NAME                  hpo best NAME
 
 Client commands talk to ``--url`` / ``HPO_URL`` with ``--token`` / ``HPO_TOKEN``.
@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(db_app, name="db")
     for command in (submit, status, trials, stop, best):
         app.command()(command)
+    app.command("list")(list_studies)
 
 
 def serve(host: Annotated[str | None, typer.Option(
@@ -245,6 +246,27 @@ def status(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None
         table.add_row("error", study["error"])
     out.print(table)
     _print_best(study)
+
+
+def list_studies(status_filter: Annotated[str | None, typer.Option(
+                     "--status", help="only studies of this status (QUEUED, RUNNING, ...)")]
+                 = None, offset: Annotated[int, typer.Option(min=0)] = 0,
+                 limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+                 url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    """The studies this token sees, newest first: status, progress, task and owner."""
+    from service.client import ApiError
+
+    try:
+        page = _client(url, token).studies(status_filter, offset, limit)
+    except ApiError as e:
+        _fail(e)
+    table = Table("study", "status", "progress", "task", "owner", "created",
+                  header_style="bold")
+    for s in page["items"]:
+        table.add_row(s["name"], s["status"], f"{s['progress']['finished']}/{s['n_trials']}",
+                      s["task"], s["owner"] or "", s["created_at"][:19].replace("T", " "))
+    out.print(table)
+    err.print(f"studies {offset}-{offset + len(page['items'])} of {page['total']}")
 
 
 def trials(name: str, offset: Annotated[int, typer.Option(min=0)] = 0,

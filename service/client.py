@@ -92,6 +92,11 @@ class Client:
         return self.call("POST", "/v1/studies", content=spec_path.read_bytes(),
                          headers={"Content-Type": media})
 
+    def studies(self, status: str | None = None, offset: int = 0, limit: int = 50) -> dict:
+        """A page of the studies this token sees, newest first."""
+        params = {"offset": offset, "limit": limit, **({"status": status} if status else {})}
+        return self.call("GET", "/v1/studies", params=params)
+
     def study(self, name: str) -> dict:
         return self.call("GET", f"/v1/studies/{name}")
 

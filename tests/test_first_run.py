@@ -159,3 +159,28 @@ def test_a_cli_401_with_an_empty_token_says_so(monkeypatch):
     result = CliRunner().invoke(hpo.cli.app, ["status", "some-study"])
     assert result.exit_code == 1
     assert "HPO_TOKEN is set but empty (did `hpo token create` fail?)" in result.output
+
+
+def test_hpo_list_shows_the_studies_this_token_sees(monkeypatch):
+    from typer.testing import CliRunner
+
+    import hpo.cli
+    from service.client import Client
+
+    asked = []
+
+    def studies(self, status=None, offset=0, limit=50):
+        asked.append((status, offset, limit))
+        return {"items": [{"name": "digits-1", "status": "RUNNING", "task": "digits",
+                           "owner": "me", "n_trials": 24, "progress": {"finished": 5},
+                           "created_at": "2026-12-01T06:00:00Z"}],
+                "total": 1, "offset": 0, "limit": 50}
+
+    monkeypatch.setattr(Client, "studies", studies)
+    result = CliRunner().invoke(hpo.cli.app, ["list", "--status", "RUNNING"])
+    assert result.exit_code == 0, result.output
+    assert asked == [("RUNNING", 0, 50)]
+    line = next(line for line in result.output.splitlines() if "digits-1" in line)
+    row = [cell for cell in line.replace("│", " ").split() if cell]
+    assert row == ["digits-1", "RUNNING", "5/24", "digits", "me", "2026-12-01", "06:00:00"]
+    assert "studies 0-1 of 1" in result.output
