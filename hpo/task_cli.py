@@ -34,8 +34,9 @@ def new(
 ) -> None:
     """Scaffold an installable task package in a new or empty DIR.
 
-    pyproject.toml with the hpo.trainers entry point, a task module with every part to
-    replace marked '# REPLACE:', a test that trains it, a README. Exit 2: a bad NAME or DIR.
+    It writes pyproject.toml (the entry point), a task with '# REPLACE:' parts, a test, a README.
+
+    Exit 2: a bad NAME or DIR.
     """
     import trainers
     from hpo.scaffold import ScaffoldError, scaffold
