@@ -140,7 +140,7 @@ def db_current() -> None:
     path = sqlite_path(settings.database_url)
     if path is not None and not path.exists():  # say so rather than make an empty database
         out.print(f"none: no database at {path.resolve()} (HPO_DATABASE_URL); newest: "
-                  f"{migrate.head()}", highlight=False)
+                  f"{migrate.head()}", highlight=False, soft_wrap=True)
         return
     _check_database(settings.database_url)
     engine = build_engine(settings.database_url)

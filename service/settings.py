@@ -153,13 +153,29 @@ class _MappingSource(EnvSettingsSource):
         return self._mapping
 
 
+_KINDS = {"bool_parsing": "must be true or false", "bool_type": "must be true or false",
+          "int_parsing": "must be an integer", "int_type": "must be an integer",
+          "int_from_float": "must be an integer", "float_parsing": "must be a number",
+          "float_type": "must be a number"}
+
+
 def _message(error: ValidationError) -> str:
-    """The first error, naming the variable: ``HPO_PORT must be ..., got '70000'``."""
+    """The first error, naming the variable: ``HPO_PORT must be in [0, 65535], got 70000``."""
     first = error.errors(include_url=False)[0]
     fields = Settings.model_fields
+    by_alias = {f.validation_alias: key for key, f in fields.items()}
     loc = first["loc"][0] if first["loc"] else None
-    name = fields[loc].validation_alias if loc in fields else loc
-    text = first["msg"].removeprefix("Value error, ")
-    if name is None:
-        return text
-    return f"{name}: {text}, got {first.get('input')!r}"
+    loc = by_alias.get(loc, loc)  # the environment's values are validated by alias
+    if loc not in fields:
+        return first["msg"].removeprefix("Value error, ")
+    name, value, kind = fields[loc].validation_alias, first.get("input"), first["type"]
+    if kind in _KINDS:
+        return f"{name} {_KINDS[kind]}, got {value!r}"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        low = next((m.ge for m in fields[loc].metadata if hasattr(m, "ge")), None)
+        high = next((m.le for m in fields[loc].metadata if hasattr(m, "le")), None)
+        return f"{name} must be in [{low}, {high}], got {value}"
+    if kind == "literal_error":
+        choices = first["ctx"]["expected"].replace(" or ", ", ").replace("'", "")
+        return f"{name} must be one of {choices}, got {value!r}"
+    return f"{name}: {first['msg']}, got {value!r}"

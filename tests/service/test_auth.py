@@ -90,6 +90,7 @@ def test_token_create_prints_a_token_once_and_refuses_a_taken_name(sqlite_url, m
 
 def test_service_commands_refuse_bad_settings_and_databases_in_one_line(monkeypatch):
     runner = CliRunner()
+    monkeypatch.setenv("HPO_PORT", "0")  # serve binds its port first: any free one will do
     monkeypatch.setenv("HPO_DATABASE_URL", "postgresql+psycopg://u:s3cret@127.0.0.1:1/none")
     for argv in (["token", "create", "dave"], ["serve"]):  # serve: before starting any Ray
         result = runner.invoke(hpo_app, argv)

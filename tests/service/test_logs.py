@@ -97,8 +97,7 @@ def test_text_format_shows_the_context_in_brackets():
 def test_log_format_setting_names_the_variable():
     assert Settings.from_env({"HPO_LOG_FORMAT": "JSON"}).log_format == "json"
     assert Settings.from_env({}).log_format == "text"
-    with pytest.raises(SettingsError,
-                       match="HPO_LOG_FORMAT: Input should be 'text' or 'json', got 'xml'"):
+    with pytest.raises(SettingsError, match="HPO_LOG_FORMAT must be one of text, json, got 'xml'"):
         Settings.from_env({"HPO_LOG_FORMAT": "xml"})
 
 
