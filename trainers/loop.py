@@ -34,7 +34,8 @@ Metrics reported at every evaluation (``Reporter.report``):
 ``tokens_per_s``       the same in tokens (token tasks only)
 ``peak_memory_bytes``  peak CUDA memory allocated, or the process's peak RSS on CPU
 ``time_s``             seconds since ``fit`` started
-``stop_reason``        only in the run's last report: why it stops (``max_updates``,
+``stopping(reason)``   not a metric: a reporter's optional hook, called just before the run's
+                       last report with why it stops (``max_updates``,
                        ``max_epochs``, ``early_stopping``), as ``TrainResult`` says;
                        absent when the reporter itself stops the run
 =====================  ==========================================================
@@ -210,9 +211,13 @@ class _Loop:
         return None
 
     def _told(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """The report of an evaluation: its metrics, with ``stop_reason`` if it is the last."""
+        """The report of an evaluation: its metrics; before the run's last one, a reporter
+        with the optional hook ``stopping(reason)`` is told why the run stops."""
         reason = self._stops_after_this_evaluation()
-        return dict(metrics) if reason is None else {**metrics, "stop_reason": reason}
+        hook = getattr(self.reporter, "stopping", None)
+        if reason is not None and hook is not None:
+            hook(reason)
+        return dict(metrics)
 
     def _stops_after_this_evaluation(self) -> str | None:
         """Why the run stops right after the evaluation just made, if it does: the stop

@@ -49,6 +49,10 @@ class Reporter(Protocol):
         """
         ...
 
+    # Optional, not part of the protocol's check: ``stopping(reason: str) -> None`` is
+    # called just before the run's last report with why the run stops (``max_updates``,
+    # ``max_epochs`` or ``early_stopping``); hpo's reporters pass it on to the record.
+
 
 class NullReporter:
     """A reporter that keeps nothing and never stops training."""
@@ -58,10 +62,16 @@ class NullReporter:
 
 
 class ListReporter:
-    """Keeps every report in ``self.reports``; handy in tests and notebooks."""
+    """Keeps every report in ``self.reports``; handy in tests and notebooks. Why the run
+    stopped is kept in ``self.stops`` as ``(index of the report it came before, reason)``."""
 
     def __init__(self) -> None:
         self.reports: list[dict[str, float]] = []
+        self.stops: list[tuple[int, str]] = []
+
+    def stopping(self, reason: str) -> None:
+        """The optional hook (see ``Reporter``): the next report is the run's last."""
+        self.stops.append((len(self.reports), reason))
 
     def report(self, metrics: Metrics, save_checkpoint: SaveCheckpoint) -> Decision:
         self.reports.append(dict(metrics))

@@ -66,12 +66,23 @@ class TuneReporter:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
+        self.stop_reason: str | None = None
+
+    def stopping(self, reason: str) -> None:
+        """The trainer's hook: the next report is the last; it carries ``stop_reason``."""
+        self.stop_reason = reason
 
     def report(self, metrics, save_checkpoint):
         path = save_checkpoint()
         checkpoint = tune.Checkpoint.from_directory(str(path)) if path is not None else None
-        tune.report({**metrics, "node_id": self.node_id}, checkpoint=checkpoint)
+        tune.report({**metrics, "node_id": self.node_id, **_stop(self)}, checkpoint=checkpoint)
         return trainers.Decision.CONTINUE
+
+
+def _stop(reporter) -> dict[str, str]:
+    """``{"stop_reason": ...}`` for the result after the trainer's ``stopping`` hook, once."""
+    reason, reporter.stop_reason = reporter.stop_reason, None
+    return {"stop_reason": reason} if reason is not None else {}
 
 
 def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path):
@@ -120,12 +131,18 @@ class TrainReporter:
     when the Ray state API is unavailable (seen with ray 2.60).
     """
 
+    stop_reason: str | None = None
+
+    def stopping(self, reason: str) -> None:
+        """The trainer's hook: the next report is the last; it carries ``stop_reason``."""
+        self.stop_reason = reason
+
     def report(self, metrics, save_checkpoint):
         import ray.train
         import ray.util
 
         path = save_checkpoint()
-        extra = {}
+        extra = _stop(self)
         if ray.train.get_context().get_world_rank() == 0:
             group = ray.util.get_current_placement_group()
             if group is not None:
