@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command()(serve)
     token_app = typer.Typer(help="API tokens of the service.", no_args_is_help=True)
     token_app.command("create")(token_create)
+    token_app.command("list")(token_list)
     app.add_typer(token_app, name="token")
     db_app = typer.Typer(help="The service's own tables in HPO_DATABASE_URL (Alembic "
                               "migrations; Optuna migrates its own).", no_args_is_help=True)
@@ -78,6 +79,35 @@ def serve(host: Annotated[str | None, typer.Option(
         raise typer.Exit(1) from None
     finally:
         sock.close()
+
+
+def token_list() -> None:
+    """The tokens in the database (HPO_DATABASE_URL): name, admin or not, creation time.
+    Tokens themselves are never stored, so never shown."""
+    import sqlalchemy as sa
+
+    from hpo.storage import sqlite_path
+    from service.db import TokenRow, build_engine
+
+    settings = _settings()
+    path = sqlite_path(settings.database_url)
+    if path is not None and not path.exists():
+        err.print(f"no database at {path.resolve()} (HPO_DATABASE_URL)", highlight=False)
+        raise typer.Exit(1)
+    _check_database(settings.database_url)
+    engine = build_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(TokenRow.name, TokenRow.is_admin, TokenRow.created_at)
+                                .order_by(TokenRow.created_at, TokenRow.id)).all()
+    except sa.exc.OperationalError:  # no service tables yet
+        rows = []
+    finally:
+        engine.dispose()
+    table = Table("name", "admin", "created", header_style="bold")
+    for name, is_admin, created in rows:
+        table.add_row(name, "yes" if is_admin else "no", f"{created:%Y-%m-%d %H:%M:%S} UTC")
+    out.print(table)
 
 
 def token_create(name: Annotated[str, typer.Argument(help="a name for the token's owner")],

@@ -184,3 +184,23 @@ def test_hpo_list_shows_the_studies_this_token_sees(monkeypatch):
     row = [cell for cell in line.replace("│", " ").split() if cell]
     assert row == ["digits-1", "RUNNING", "5/24", "digits", "me", "2026-12-01", "06:00:00"]
     assert "studies 0-1 of 1" in result.output
+
+
+def test_hpo_token_list_names_tokens_never_shows_them(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import hpo.cli
+
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{tmp_path / 'hpo.db'}")
+    runner = CliRunner()
+    assert runner.invoke(hpo.cli.app, ["token", "list"]).exit_code == 1  # no database yet
+    made = runner.invoke(hpo.cli.app, ["token", "create", "alice", "--admin"])
+    assert made.exit_code == 0, made.output
+    assert runner.invoke(hpo.cli.app, ["token", "create", "bob"]).exit_code == 0
+    listed = runner.invoke(hpo.cli.app, ["token", "list"])
+    assert listed.exit_code == 0, listed.output
+    rows = [[c for c in line.replace("│", " ").split() if c] for line in listed.output.splitlines()
+            if "alice" in line or "bob" in line]
+    assert [row[:2] for row in rows] == [["alice", "yes"], ["bob", "no"]]
+    token = made.output.strip().splitlines()[-1]
+    assert token.startswith("hpo_") and token not in listed.output
