@@ -14,9 +14,10 @@ httpx are imported inside the commands, so ``hpo run`` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -68,15 +69,13 @@ def serve(host: Annotated[str | None, typer.Option(
     try:
         sock = listen(settings.host, settings.port)  # first: a taken port fails at once
     except ServiceError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
+        _error(e, 1)
     try:
         _check_database(settings.database_url)  # before the seconds of starting a local Ray
         logs.configure(settings.log_format)
         run_server(settings, sock=sock)
     except ServiceError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
+        _error(e, 1)
     finally:
         sock.close()
 
@@ -86,24 +85,17 @@ def token_list() -> None:
     Tokens themselves are never stored, so never shown."""
     import sqlalchemy as sa
 
-    from hpo.storage import sqlite_path
-    from service.db import TokenRow, build_engine
+    from service.db import TokenRow
 
     settings = _settings()
-    path = sqlite_path(settings.database_url)
-    if path is not None and not path.exists():
-        err.print(f"no database at {path.resolve()} (HPO_DATABASE_URL)", highlight=False)
-        raise typer.Exit(1)
-    _check_database(settings.database_url)
-    engine = build_engine(settings.database_url)
-    try:
-        with engine.connect() as conn:
+    if (missing := _missing_database(settings)) is not None:
+        _error(missing, 1)
+    with _database(settings) as engine, engine.connect() as conn:
+        try:
             rows = conn.execute(sa.select(TokenRow.name, TokenRow.is_admin, TokenRow.created_at)
                                 .order_by(TokenRow.created_at, TokenRow.id)).all()
-    except sa.exc.OperationalError:  # no service tables yet
-        rows = []
-    finally:
-        engine.dispose()
+        except sa.exc.OperationalError:  # no service tables yet
+            rows = []
     table = Table("name", "admin", "created", header_style="bold")
     for name, is_admin, created in rows:
         table.add_row(name, "yes" if is_admin else "no", f"{created:%Y-%m-%d %H:%M:%S} UTC")
@@ -116,23 +108,16 @@ def token_create(name: Annotated[str, typer.Argument(help="a name for the token'
     """Create an API token in the database (HPO_DATABASE_URL) and print it once."""
     from service import migrate
     from service.auth import create_token
-    from service.db import build_engine, session_factory
+    from service.db import session_factory
     from service.errors import TokenExists
 
     settings = _settings()
-    _check_database(settings.database_url)
-    engine = build_engine(settings.database_url)
-    try:
+    with _database(settings) as engine:
         migrate.prepare(engine, auto=settings.migrate_on_start)
-        token = create_token(session_factory(engine), name, admin=admin)
-    except migrate.SchemaOutdated as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
-    except (ValueError, TokenExists) as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(2) from None
-    finally:
-        engine.dispose()
+        try:
+            token = create_token(session_factory(engine), name, admin=admin)
+        except (ValueError, TokenExists) as e:
+            _error(e, 2)
     err.print(f"token {name!r}{' (admin)' if admin else ''} created; it is shown only once:")
     print(token)
 
@@ -140,18 +125,9 @@ def token_create(name: Annotated[str, typer.Argument(help="a name for the token'
 def db_upgrade() -> None:
     """Upgrade the service's tables to this version's schema (under a lock; safe to rerun)."""
     from service import migrate
-    from service.db import build_engine
 
-    settings = _settings()
-    _check_database(settings.database_url)
-    engine = build_engine(settings.database_url)
-    try:
+    with _database(_settings()) as engine:
         before, after = migrate.upgrade(engine)
-    except migrate.SchemaOutdated as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
-    finally:
-        engine.dispose()
     if before == after:
         out.print(f"the service's tables are at {after}, the newest revision")
     elif before is None:
@@ -162,29 +138,52 @@ def db_upgrade() -> None:
 
 def db_current() -> None:
     """The revision of the service's tables (none: not created yet) and the newest one."""
-    from hpo.storage import redact, sqlite_path
+    from hpo.storage import redact
     from service import migrate
-    from service.db import build_engine
 
     settings = _settings()
-    path = sqlite_path(settings.database_url)
-    if path is not None and not path.exists():  # say so rather than make an empty database
-        out.print(f"none: no database at {path.resolve()} (HPO_DATABASE_URL); newest: "
-                  f"{migrate.head()}", highlight=False, soft_wrap=True)
+    if (missing := _missing_database(settings)) is not None:  # rather than make an empty one
+        out.print(f"none: {missing}; newest: {migrate.head()}", highlight=False, soft_wrap=True)
         return
+    with _database(settings) as engine:
+        revision = migrate.current(engine)
+        migrate.check_known(revision)
+    out.print(f"{revision or 'none'} (newest: {migrate.head()}) in "
+              f"{redact(settings.database_url)}", highlight=False, soft_wrap=True)
+
+
+def _error(e: Exception | str, code: int) -> NoReturn:
+    """Print ``e`` as the command's one-line error and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {e}", highlight=False)
+    raise typer.Exit(code) from None
+
+
+def _missing_database(settings) -> str | None:
+    """``no database at PATH (HPO_DATABASE_URL)`` when the SQLite file does not exist."""
+    from hpo.storage import sqlite_path
+
+    path = sqlite_path(settings.database_url)
+    if path is not None and not path.exists():
+        return f"no database at {path.resolve()} (HPO_DATABASE_URL)"
+    return None
+
+
+@contextlib.contextmanager
+def _database(settings):
+    """An engine on the settings' database, opened after :func:`_check_database` and disposed
+    after; tables at a revision that needs an upgrade, or that this version does not know
+    (``SchemaOutdated``), exit 1 with the reason."""
+    from service.db import build_engine
+    from service.migrate import SchemaOutdated
+
     _check_database(settings.database_url)
     engine = build_engine(settings.database_url)
     try:
-        revision = migrate.current(engine)
+        yield engine
+    except SchemaOutdated as e:
+        _error(e, 1)
     finally:
         engine.dispose()
-    try:
-        migrate.check_known(revision)
-    except migrate.SchemaOutdated as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
-    out.print(f"{revision or 'none'} (newest: {migrate.head()}) in "
-              f"{redact(settings.database_url)}", highlight=False, soft_wrap=True)
 
 
 def _settings(**overrides):
@@ -195,8 +194,7 @@ def _settings(**overrides):
     try:
         return Settings.from_env(**overrides)
     except SettingsError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(2) from None
+        _error(e, 2)
 
 
 def _check_database(url: str) -> None:
@@ -207,8 +205,7 @@ def _check_database(url: str) -> None:
     try:
         open_storage(url).engine.dispose()
     except StorageError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
+        _error(e, 1)
 
 
 def _client(url: str, token: str | None):
