@@ -29,6 +29,8 @@ out = Console()
 UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", help="the service's address")]
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar="HPO_TOKEN", show_default=False,
                                               help="API token (hpo token create)")]
+OffsetOpt = Annotated[int, typer.Option(min=0, help="items to skip")]
+LimitOpt = Annotated[int, typer.Option(min=1, max=500, help="items to show")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 TOKEN_HINT = ("set HPO_TOKEN or pass --token; a token comes from `hpo token create NAME` "
               "(add --admin for one that sees every study), run where the service's database "
@@ -277,8 +279,8 @@ def status(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None
 
 def list_studies(status_filter: Annotated[str | None, typer.Option(
                      "--status", help="only studies of this status (QUEUED, RUNNING, ...)")]
-                 = None, offset: Annotated[int, typer.Option(min=0)] = 0,
-                 limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+                 = None, offset: OffsetOpt = 0,
+                 limit: LimitOpt = 50,
                  url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """The studies this token sees, newest first: status, progress, task and owner."""
     from service.client import ApiError
@@ -296,8 +298,8 @@ def list_studies(status_filter: Annotated[str | None, typer.Option(
     err.print(f"studies {offset}-{offset + len(page['items'])} of {page['total']}")
 
 
-def trials(name: str, offset: Annotated[int, typer.Option(min=0)] = 0,
-           limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+def trials(name: str, offset: OffsetOpt = 0,
+           limit: LimitOpt = 50,
            url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """A page of a study's trials: state, value, parameters, who stopped it."""
     from service.client import ApiError
