@@ -67,7 +67,20 @@ class Base(DeclarativeBase):
     pass
 
 
+class Role(enum.StrEnum):
+    """A token's role: ``admin`` (everything, every owner's studies), ``member`` (creates and
+    controls its own studies) or ``viewer`` (reads only)."""
+
+    ADMIN = "admin"
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
 class TokenRow(Base):
+    """An API token (its hash). ``is_admin`` is kept equal to ``role == "admin"`` for
+    readers of the schema before revision 0004; ``role`` is what the service reads. A
+    revoked token keeps its row (its studies name it as their owner)."""
+
     __tablename__ = "hpo_tokens"
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -75,6 +88,10 @@ class TokenRow(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    role: Mapped[str] = mapped_column(sa.String(16), default=Role.MEMBER)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
 
 class StudyRow(Base):
@@ -97,6 +114,7 @@ class StudyRow(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow,
                                                     onupdate=utcnow)
+    waiting_for: Mapped[str | None] = mapped_column(sa.String(200))
 
 
 class SummaryRow(Base):
@@ -149,3 +167,62 @@ def create_tables(engine: sa.Engine) -> None:
 
 def session_factory(engine: sa.Engine) -> sessionmaker:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+class QuotaRow(Base):
+    """An owner's quota (issue 15.2); a limit that is ``None`` is not set. A study over its
+    owner's quota waits (``hpo_studies.waiting_for``), never fails."""
+
+    __tablename__ = "hpo_quotas"
+
+    owner_id: Mapped[int] = mapped_column(sa.ForeignKey("hpo_tokens.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    max_running_trials: Mapped[int | None]
+    max_gpus: Mapped[float | None] = mapped_column(sa.Float)
+    device_seconds_per_day: Mapped[float | None] = mapped_column(sa.Float)
+    device_seconds_total: Mapped[float | None] = mapped_column(sa.Float)
+
+
+class TrialSlotRow(Base):
+    """A running trial's hold on its owner's quota: taken before the trial starts, given back
+    as it ends; slots of a study whose driver is gone are swept by the dispatcher."""
+
+    __tablename__ = "hpo_trial_slots"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int | None] = mapped_column(sa.ForeignKey("hpo_tokens.id",
+                                                               ondelete="CASCADE"), index=True)
+    study_id: Mapped[int] = mapped_column(sa.ForeignKey("hpo_studies.id", ondelete="CASCADE"),
+                                          index=True)
+    trial: Mapped[str] = mapped_column(sa.String(200))
+    gpus: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    devices: Mapped[float] = mapped_column(sa.Float, default=1.0)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class UsageEventRow(Base):
+    """Device-seconds of one finished trial, by owner and end time: the rolling 24 h and
+    total use that quotas and fair share read."""
+
+    __tablename__ = "hpo_usage_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int | None] = mapped_column(sa.ForeignKey("hpo_tokens.id",
+                                                               ondelete="CASCADE"), index=True)
+    ended_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    device_seconds: Mapped[float] = mapped_column(sa.Float)
+
+
+class AuditRow(Base):
+    """Who did what, when, from where (issue 15.5): creates, stops, deletes, token and quota
+    changes. ``actor`` is the token's name (kept after the token is revoked)."""
+
+    __tablename__ = "hpo_audit"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(sa.String(64))
+    action: Mapped[str] = mapped_column(sa.String(32))
+    target: Mapped[str] = mapped_column(sa.String(200))
+    address: Mapped[str | None] = mapped_column(sa.String(64))
+    detail: Mapped[dict | None] = mapped_column(sa.JSON)
