@@ -5,10 +5,10 @@
 | ``MalformedBody`` | 400 | ``malformed_body`` |
 | ``NotAuthenticated`` | 401 | ``not_authenticated`` |
 | ``Forbidden`` | 403 | ``forbidden`` |
-| ``StudyNotFound``, ``TrialNotFound`` | 404 | ``not_found`` |
+| ``StudyNotFound``, ``TrialNotFound``, ``TokenNotFound`` | 404 | ``not_found`` |
 | a method the path does not take | 405 | ``method_not_allowed`` (:mod:`service.middleware`) |
 | a body slower than ``HPO_BODY_TIMEOUT_S`` | 408 | ``request_timeout`` (same) |
-| ``StudyConflict`` | 409 | ``conflict`` |
+| ``StudyConflict``, ``TokenExists`` | 409 | ``conflict`` |
 | body over the size limit | 413 | ``body_too_large`` (same) |
 | ``UnsupportedMediaType`` | 415 | ``unsupported_media_type`` |
 | ``hpo.errors.SpecError`` | 422 | ``invalid_spec``, one detail per field |
@@ -41,6 +41,8 @@ STATUS = {
     e.StudyNotFound: (404, "not_found"),
     e.TrialNotFound: (404, "not_found"),
     e.StudyConflict: (409, "conflict"),
+    e.TokenNotFound: (404, "not_found"),
+    e.TokenExists: (409, "conflict"),
     e.UnsupportedMediaType: (415, "unsupported_media_type"),
 }
 UNAVAILABLE = (StorageError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError,

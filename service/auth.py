@@ -4,13 +4,21 @@ A token is ``hpo_`` followed by 43 URL-safe characters (256 random bits), so
 a plain SHA-256 (no salt, no slow hash) is safe to store and look up by: the
 secret cannot be guessed from it. A request names its token as
 ``Authorization: Bearer TOKEN``; the dashboard also accepts the ``hpo_token``
-cookie that its login form sets (see :mod:`service.dashboard_login`).
+cookie that its login form sets (see :mod:`service.dashboard_login`). Every
+request resolves its token again (:func:`resolve`), so a token revoked or
+expired is refused from the next request on, a dashboard cookie included.
+
+A token has a role (issue 15.1, :class:`service.db.Role`): ``admin`` (every
+owner's studies, the tokens, the audit), ``member`` (its own studies) or
+``viewer`` (reads only: its writes answer 403).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
+import logging
 import re
 import secrets
 
@@ -18,24 +26,48 @@ import sqlalchemy as sa
 import sqlalchemy.exc
 from sqlalchemy.orm import sessionmaker
 
-from service.db import TokenRow
-from service.errors import NotAuthenticated, TokenExists
+from service.db import Role, TokenRow, utcnow
+from service.errors import Forbidden, NotAuthenticated, TokenExists
 
 TOKEN_PREFIX = "hpo_"
 TOKEN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 COOKIE_NAME = "hpo_token"
+LAST_USED_EVERY_S = 60  # last_used_at is written at most this often per token
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class Principal:
-    """Who a request acts for: a token (``token_id``), or an anonymous reader (``None``)."""
+    """Who a request acts for: a token (``token_id``), or an anonymous reader (``None``).
+
+    ``role`` and ``is_admin`` are kept consistent: give either (``is_admin=True`` means
+    ``role=Role.ADMIN``; neither means a member).
+
+    Raises:
+        ValueError: ``is_admin=True`` with a role other than admin.
+    """
 
     token_id: int | None
     name: str
     is_admin: bool = False
+    role: Role | None = None
+
+    def __post_init__(self) -> None:
+        if self.role is None:
+            object.__setattr__(self, "role", Role.ADMIN if self.is_admin else Role.MEMBER)
+        elif self.is_admin and self.role != Role.ADMIN:
+            raise ValueError(f"is_admin=True with role={self.role!r}")
+        object.__setattr__(self, "role", Role(self.role))
+        object.__setattr__(self, "is_admin", self.role == Role.ADMIN)
+
+    @property
+    def may_write(self) -> bool:
+        """Whether the principal may change anything (every role but ``viewer``)."""
+        return self.role != Role.VIEWER
 
 
-ANONYMOUS = Principal(token_id=None, name="anonymous")
+ANONYMOUS = Principal(token_id=None, name="anonymous", role=Role.VIEWER)
 
 
 def hash_token(token: str) -> str:
@@ -43,18 +75,40 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(sessions: sessionmaker, name: str, *, admin: bool = False) -> str:
-    """Create a token named ``name``; return the token itself (it is not stored, only its hash).
+def check_token_name(name: str) -> str:
+    """``name`` when it is a valid token name.
 
     Raises:
         ValueError: ``name`` does not match ``TOKEN_NAME_PATTERN``.
-        TokenExists: a token of that name exists.
     """
-    if not re.match(TOKEN_NAME_PATTERN, name):
+    if not isinstance(name, str) or not re.fullmatch(TOKEN_NAME_PATTERN, name):
         raise ValueError(f"token name must match {TOKEN_NAME_PATTERN}, got {name!r}")
+    return name
+
+
+def create_token(sessions: sessionmaker, name: str, *, admin: bool = False,
+                 role: Role | str | None = None,
+                 expires_at: dt.datetime | None = None) -> str:
+    """Create a token named ``name``; return the token itself (it is not stored, only its hash).
+
+    Args:
+        admin: an alias of ``role=Role.ADMIN``.
+        role: ``admin``, ``member`` or ``viewer``; default member (admin with ``admin``).
+        expires_at: an aware datetime after which the token answers 401; default never.
+
+    Raises:
+        ValueError: ``name`` does not match ``TOKEN_NAME_PATTERN``; an unknown role;
+            ``admin=True`` with another role; ``expires_at`` naive.
+        TokenExists: a token of that name exists (revoked ones included).
+    """
+    check_token_name(name)
+    role = parse_role(admin, role)
+    if expires_at is not None and expires_at.tzinfo is None:
+        raise ValueError("expires_at must carry a time zone")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with sessions() as session:
-        session.add(TokenRow(name=name, token_hash=hash_token(token), is_admin=admin))
+        session.add(TokenRow(name=name, token_hash=hash_token(token), role=role.value,
+                             is_admin=role == Role.ADMIN, expires_at=expires_at))
         try:
             session.commit()
         except sqlalchemy.exc.IntegrityError:
@@ -62,11 +116,30 @@ def create_token(sessions: sessionmaker, name: str, *, admin: bool = False) -> s
     return token
 
 
-def resolve(sessions: sessionmaker, token: str | None) -> Principal:
-    """The principal of ``token``.
+def parse_role(admin: bool, role: Role | str | None) -> Role:
+    """The role of ``admin`` (an alias of admin) and ``role`` (default member).
 
     Raises:
-        NotAuthenticated: no token, or a token this service does not know.
+        ValueError: an unknown role, or ``admin`` with another role.
+    """
+    if role is None:
+        return Role.ADMIN if admin else Role.MEMBER
+    try:
+        role = Role(role)
+    except ValueError:
+        raise ValueError(f"role must be one of {', '.join(Role)}, got {role!r}") from None
+    if admin and role != Role.ADMIN:
+        raise ValueError(f"--admin contradicts role {role.value!r}")
+    return role
+
+
+def resolve(sessions: sessionmaker, token: str | None) -> Principal:
+    """The principal of ``token``; notes its use in ``last_used_at`` (at most once every
+    ``LAST_USED_EVERY_S`` seconds per token, so that reads stay one SELECT).
+
+    Raises:
+        NotAuthenticated: no token, a token this service does not know, a revoked token or
+            an expired one (the message says which).
     """
     if not token:
         raise NotAuthenticated("this needs a token: Authorization: Bearer TOKEN")
@@ -75,7 +148,57 @@ def resolve(sessions: sessionmaker, token: str | None) -> Principal:
             TokenRow.token_hash == hash_token(token))).scalar_one_or_none()
     if row is None:
         raise NotAuthenticated("unknown token")
-    return Principal(token_id=row.id, name=row.name, is_admin=row.is_admin)
+    now = utcnow()
+    if row.revoked_at is not None:
+        raise NotAuthenticated(f"token {row.name!r} was revoked at {_when(row.revoked_at)}")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise NotAuthenticated(f"token {row.name!r} expired at {_when(row.expires_at)}")
+    cutoff = now - dt.timedelta(seconds=LAST_USED_EVERY_S)
+    if row.last_used_at is None or row.last_used_at < cutoff:
+        _note_use(sessions, row.id, now, cutoff)
+    return Principal(token_id=row.id, name=row.name, role=Role(row.role))
+
+
+def _note_use(sessions: sessionmaker, token_id: int, now: dt.datetime,
+              cutoff: dt.datetime) -> None:
+    """Set ``last_used_at``, unless a concurrent request did within the minute; a database
+    too busy to take the write does not fail the request."""
+    try:
+        with sessions.begin() as session:
+            session.execute(sa.update(TokenRow).where(
+                TokenRow.id == token_id,
+                sa.or_(TokenRow.last_used_at.is_(None), TokenRow.last_used_at < cutoff))
+                .values(last_used_at=now))
+    except sqlalchemy.exc.OperationalError as e:
+        log.warning("could not note the use of token %d: %s", token_id, type(e).__name__)
+
+
+def require_writer(who: Principal) -> Principal:
+    """``who`` when it may write.
+
+    Raises:
+        Forbidden: ``who`` is a viewer (or anonymous).
+    """
+    if not who.may_write:
+        raise Forbidden(f"token {who.name!r} has the role {who.role.value!r}, which may only "
+                        f"read")
+    return who
+
+
+def require_admin(who: Principal) -> Principal:
+    """``who`` when it is an admin.
+
+    Raises:
+        Forbidden: ``who`` is not an admin (the message names its role).
+    """
+    if not who.is_admin:
+        raise Forbidden(f"this needs an admin token; token {who.name!r} has the role "
+                        f"{who.role.value!r}")
+    return who
+
+
+def _when(value: dt.datetime) -> str:
+    return f"{value:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def bearer(header: str | None) -> str | None:

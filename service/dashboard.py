@@ -43,8 +43,11 @@ its own, and many of its routes write: create, rename and delete studies,
   the LLM routes (no provider is configured).
 * The token comes from ``Authorization: Bearer`` or the ``hpo_token`` cookie
   set by the login step (:mod:`service.dashboard_login`); never from the
-  address. A cookie-authenticated write must come from the service's own
-  pages (``Origin``/``Referer``, see there).
+  address. Every request resolves it again (:func:`service.auth.resolve`): a
+  revoked or expired token, cookie or not, answers 401 from its next request on.
+  A ``viewer`` token's request of any method but GET, HEAD and OPTIONS answers
+  403. A cookie-authenticated write must come from the service's own pages
+  (``Origin``/``Referer``, see there).
 * Without a token, a page answers 401 with the login form, anything else 401
   in JSON; with ``HPO_OPEN_READS`` reads need no token and show every study.
 """
@@ -191,6 +194,9 @@ class DashboardGate:
             refusal = dashboard_login.cross_origin_refusal(request.headers, self.settings.url)
             if refusal is not None:
                 return refusal
+        if not who.may_write and request.method not in dashboard_login.SAFE_METHODS:
+            return error_response(403, "forbidden", f"token {who.name!r} has the role "
+                                  f"{who.role.value!r}, which may only read")
         if not isinstance(route, Route):
             return route
         if route.access is None:

@@ -11,6 +11,10 @@ SameSite=Strict, Secure over https) in one explicit step:
   the cookie and redirects (303) to ``next`` (default ``/dashboard``);
 * ``POST /dashboard/logout`` clears the cookie.
 
+The cookie holds the token itself, which the gate resolves on every request
+(:mod:`service.dashboard`): revoking the token (``hpo token revoke``) or its
+expiry ends the cookie's session at its next request.
+
 A token in the address (``?token=``) is never read: any page could link to
 it and so plant its own token in a visitor's browser (login CSRF). For the
 same reason the login itself, and every request that the cookie authenticates
@@ -94,8 +98,8 @@ async def answer(request: Request, sessions: sessionmaker, settings: Settings) -
     token, next_path = form.get("token", [""])[0], form.get("next", ["/dashboard"])[0]
     try:
         await run_in_threadpool(resolve, sessions, token.strip())
-    except NotAuthenticated:
-        return login_page(next_path, "Unknown token.", status_code=401)
+    except NotAuthenticated as e:  # unknown, revoked or expired: the message says which
+        return login_page(next_path, f"{str(e)[:1].upper()}{str(e)[1:]}.", status_code=401)
     response = RedirectResponse(_safe_next(next_path), status_code=303)
     response.set_cookie(COOKIE_NAME, token.strip(), httponly=True, samesite="strict",
                         secure="https" in (request.url.scheme, urlsplit(settings.url).scheme),

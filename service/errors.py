@@ -44,4 +44,8 @@ class UnsupportedMediaType(ServiceError):
 
 
 class TokenExists(ServiceError):
-    """A token of that name exists already."""
+    """A token of that name exists already (HTTP 409)."""
+
+
+class TokenNotFound(ServiceError, LookupError):
+    """No token of that name (HTTP 404)."""

@@ -1,0 +1,82 @@
+"""The audit trail (issue 15.5): who did what, when, from which address.
+
+Every study create, stop and delete, every token creation and revocation and every
+quota change is written to ``hpo_audit`` and logged by the logger ``service.audit``
+(one INFO line each). ``actor`` is the token's name (a CLI change: the local user's
+name), ``address`` the client's IP address as the server sees it (``cli`` for the
+CLI). The API's admins read the table at ``GET /v1/audit``.
+
+Actions: ``study.create``, ``study.stop``, ``study.delete``, ``token.create``,
+``token.revoke``, ``quota.set``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpo.errors import printable
+from service.db import AuditRow
+
+log = logging.getLogger("service.audit")
+
+CLI_ADDRESS = "cli"
+ACTIONS = ("study.create", "study.stop", "study.delete", "token.create", "token.revoke",
+           "quota.set")
+
+
+def record(sessions: sessionmaker | Session, actor: str, action: str, target: str,
+           address: str | None, detail: dict | None = None) -> None:
+    """Write one audit row and its log line.
+
+    Args:
+        sessions: a session factory (the row is committed here), or an open session (the
+            row joins its transaction; the caller commits).
+        actor: who: a token's name (at most 64 characters).
+        action: one of :data:`ACTIONS`.
+        target: what: a study's or a token's name (at most 200 characters).
+        address: the client's address, ``"cli"`` for the CLI, ``None`` when unknown.
+        detail: JSON-able facts of the change (a quota's new limits, a token's role).
+
+    Raises:
+        ValueError: ``action`` is not one of :data:`ACTIONS`.
+        sqlalchemy.exc.SQLAlchemyError: the row could not be written (it is logged first).
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"unknown audit action {action!r}")
+    log.info("audit: %s %s %s from %s%s", printable(actor), action, printable(target),
+             printable(address or "?"), f" {detail}" if detail else "")
+    row = AuditRow(actor=actor[:64], action=action, target=target[:200],
+                   address=address[:64] if address else None, detail=detail)
+    if isinstance(sessions, Session):
+        sessions.add(row)
+        return
+    with sessions.begin() as session:
+        session.add(row)
+
+
+def cli_actor() -> str:
+    """The actor of a CLI change: the local user's name (``cli`` when it has none)."""
+    try:
+        return getpass.getuser() or CLI_ADDRESS
+    except (KeyError, OSError):  # no name for this uid (a container's)
+        return CLI_ADDRESS
+
+
+def entries(sessions: sessionmaker, offset: int, limit: int, actor: str | None = None,
+            action: str | None = None) -> tuple[list[AuditRow], int]:
+    """A page of the audit rows, newest first, optionally of one actor and one action; and
+    how many match in all."""
+    where = [c for c in (AuditRow.actor == actor if actor is not None else None,
+                         AuditRow.action == action if action is not None else None)
+             if c is not None]
+    with sessions() as session:
+        total = session.execute(sa.select(sa.func.count()).select_from(AuditRow)
+                                .where(*where)).scalar_one()
+        rows = session.execute(sa.select(AuditRow).where(*where)
+                               .order_by(AuditRow.at.desc(), AuditRow.id.desc())
+                               .offset(offset).limit(limit)).scalars().all()
+    return list(rows), total
