@@ -12,7 +12,7 @@ from hpo.errors import SpecError
 from hpo.spec import NAME_PATTERN, parse_text
 from service.api_errors import documented as errors
 from service.db import Status
-from service.deps import Reader, StudiesDep, Writer
+from service.deps import AuditDep, Reader, StudiesDep, Writer
 from service.errors import MalformedBody, StudyNotFound, UnsupportedMediaType
 from service.openapi import spec_body
 from service.schemas import Page, StudyOut, StudySummary, TrialOut
@@ -22,7 +22,7 @@ router = APIRouter(prefix="/v1/studies", tags=["studies"])
 JSON_TYPES = {"application/json"}
 YAML_TYPES = {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"}
 READ = errors(401, 404, 503)  # every route with a token and a study name
-WRITE = errors(401, 404, 408, 409, 413, 503)  # 408, 413: any body of a POST or DELETE
+WRITE = errors(401, 403, 404, 408, 409, 413, 503)  # 403: a viewer; 408, 413: any body
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="items to skip")]
 TrialNumber = Annotated[int, Path(ge=0, le=2**31 - 1, description="the trial's number")]
@@ -64,13 +64,14 @@ async def read_spec_body(request: Request) -> Any:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut,
-             responses=errors(400, 401, 408, 409, 413, 415, 422, 503),
+             responses=errors(400, 401, 403, 408, 409, 413, 415, 422, 503),
              openapi_extra={"requestBody": spec_body()})
 async def create_study(request: Request, who: Writer, studies: StudiesDep,
-                       response: Response) -> StudyOut:
+                       response: Response, audit: AuditDep) -> StudyOut:
     """Validate and store a study spec, create its Optuna study and queue it."""
     data = await read_spec_body(request)
     view = await run_in_threadpool(studies.create, data, who)
+    await run_in_threadpool(audit, "study.create", view.row.name)
     response.headers["Location"] = f"/v1/studies/{view.row.name}"
     return StudyOut.of(view)
 
@@ -108,13 +109,16 @@ def get_trial(name: StudyName, number: TrialNumber, who: Reader, studies: Studie
 
 @router.post("/{name}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StudyOut,
              responses=WRITE)
-def stop_study(name: StudyName, who: Writer, studies: StudiesDep) -> StudyOut:
+def stop_study(name: StudyName, who: Writer, studies: StudiesDep, audit: AuditDep) -> StudyOut:
     """Stop a study: QUEUED ends STOPPED now, RUNNING ends its trials within seconds."""
-    return StudyOut.of(studies.stop(who, name))
+    view = studies.stop(who, name)
+    audit("study.stop", name)
+    return StudyOut.of(view)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=WRITE)
-def delete_study(name: StudyName, who: Writer, studies: StudiesDep) -> Response:
+def delete_study(name: StudyName, who: Writer, studies: StudiesDep, audit: AuditDep) -> Response:
     """Delete a study that is not running, with its trials and result files."""
     studies.delete(who, name)
+    audit("study.delete", name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -24,6 +24,8 @@ ROUTES = {
     "/v1/studies": {"GET", "POST"}, "/v1/studies/s": {"GET", "DELETE"},
     "/v1/studies/s/trials": {"GET"}, "/v1/studies/s/trials/0": {"GET"},
     "/v1/studies/s/stop": {"POST"},
+    "/v1/tokens": {"GET", "POST"}, "/v1/tokens/s/revoke": {"POST"},
+    "/v1/tokens/s/quota": {"GET", "PUT"}, "/v1/audit": {"GET"},
     # FastAPI's documentation pages are Starlette routes, which take HEAD with GET
     "/openapi.json": {"GET", "HEAD"}, "/docs": {"GET", "HEAD"}, "/redoc": {"GET", "HEAD"},
     "/docs/oauth2-redirect": {"GET", "HEAD"},
@@ -86,20 +88,26 @@ def test_openapi_documents_the_bearer_scheme_on_every_route_that_takes_a_token(c
             assert operation.get("security") == expected, (method, path)
 
 
-# what each route answers besides its success (403: no /v1 route refuses a known token;
-# another owner's study is 404, so that its name does not leak; 408: a body slower than
-# HPO_BODY_TIMEOUT_S, see test_connection_limits.py)
+# what each route answers besides its success (403: a viewer's write, a non-admin on the
+# admins' routes; another owner's study is 404, so that its name does not leak; 408: a body
+# slower than HPO_BODY_TIMEOUT_S, see test_connection_limits.py)
 DOCUMENTED_ERRORS = {
     ("get", "/healthz"): set(),
     ("get", "/readyz"): {503},
-    ("post", "/v1/studies"): {400, 401, 408, 409, 413, 415, 422, 503},
+    ("post", "/v1/studies"): {400, 401, 403, 408, 409, 413, 415, 422, 503},
     ("get", "/v1/studies"): {401, 422, 503},
     ("get", "/v1/studies/{name}"): {401, 404, 422, 503},
-    ("delete", "/v1/studies/{name}"): {401, 404, 408, 409, 413, 422, 503},
+    ("delete", "/v1/studies/{name}"): {401, 403, 404, 408, 409, 413, 422, 503},
     ("get", "/v1/studies/{name}/trials"): {401, 404, 422, 503},
     ("get", "/v1/studies/{name}/trials/{number}"): {401, 404, 422, 503},
-    ("post", "/v1/studies/{name}/stop"): {401, 404, 408, 409, 413, 422, 503},
+    ("post", "/v1/studies/{name}/stop"): {401, 403, 404, 408, 409, 413, 422, 503},
     ("get", "/v1/tasks"): {401, 503},
+    ("get", "/v1/tokens"): {401, 403, 422, 503},
+    ("post", "/v1/tokens"): {401, 403, 408, 409, 413, 422, 503},
+    ("post", "/v1/tokens/{name}/revoke"): {401, 403, 404, 408, 409, 413, 422, 503},
+    ("get", "/v1/tokens/{name}/quota"): {401, 403, 404, 422, 503},
+    ("put", "/v1/tokens/{name}/quota"): {401, 403, 404, 408, 413, 422, 503},
+    ("get", "/v1/audit"): {401, 403, 422, 503},
 }
 
 
