@@ -124,13 +124,15 @@ class CategoricalParam(Strict):
     def _choices(cls, v: list[Any]) -> list[Any]:
         if not v:
             raise ValueError("must not be empty")
+        seen: set[Any] = set()  # equal numbers hash alike (1, 1.0, True): one lookup each
         for i, c in enumerate(v):
             if isinstance(c, int) and abs(c) > MAX_EXACT_INT:
                 raise ValueError(f"choice {i} is beyond +-2**53 (Optuna computes in float64)")
             # Optuna finds a choice by ==: 1, 1.0 and True would be one choice
-            if any(c == other for other in v[:i]):
+            if c in seen and c == c:  # NaN equals nothing, not even itself
                 raise ValueError(f"{c!r} equals an earlier choice (Optuna compares choices "
                                  f"with ==: 1, 1.0 and True are the same); got {v}")
+            seen.add(c)
         return v
 
 

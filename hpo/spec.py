@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -325,7 +325,8 @@ def _text_errors(value: Any, loc: str) -> list[dict[str, str]]:
 
 
 def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
-               allow_paths: bool = True) -> StudySpec:
+               allow_paths: bool = True,
+               bound: Callable[[StudySpec], None] | None = None) -> StudySpec:
     """Validate a spec given as a mapping: the boundary, where a spec is parsed once.
 
     What is handed on and stored is the returned spec (``to_dict``); what reads it
@@ -341,6 +342,10 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
         allow_paths: ``False`` refuses, before the task's checks read them, the
             fields that name a file-system path of the training machines
             (:func:`hpo.validation.check_paths`); a service lets only admins.
+        bound: called with the structurally valid spec before the task's checks,
+            which build the training configuration once per value of the search
+            space (about 20 us each): a caller's limits on the spec's size (it
+            raises ``SpecError`` to refuse) hold before that work starts.
 
     Raises:
         SpecError: every problem found, each with the dotted path of its field.
@@ -350,6 +355,8 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
     if errors := _text_errors(data, ""):
         raise SpecError(errors)
     spec = _validate(data)
+    if bound is not None:
+        bound(spec)
     if check_task or not allow_paths:
         from hpo.validation import check_against_task, check_paths
 

@@ -111,6 +111,21 @@ class Task(abc.ABC):
         """Number of loss items in a micro-batch: samples, or real (unpadded) tokens."""
         return self.n_samples(batch)
 
+    def parameter_count(self, config: TrainConfig) -> int:
+        """Number of parameters (elements, >= 0) of the model ``build_model`` would build,
+        without allocating them: the default builds it on PyTorch's ``meta`` device.
+
+        A service bounds a study's model size with it when the study is created
+        (``HPO_MAX_MODEL_PARAMETERS``). Override it when building the model reads data or
+        takes time (``charlm`` counts by formula).
+
+        Raises:
+            ConfigError: the options give no model.
+        """
+        with torch.device("meta"):
+            model = self.build_model(config)
+        return sum(p.numel() for p in model.parameters())
+
     @classmethod
     def fields(cls) -> list[FieldInfo]:
         """The task's own options (``TrainConfig`` fields are described separately)."""

@@ -86,6 +86,11 @@ class CharLMOptions:
                                             f"{self.val_fraction}: need {need} characters")
 
 
+COUNTED_VOCAB = 256
+"""The vocabulary :meth:`CharLMTask.parameter_count` assumes before the corpus is read (the
+default corpus, the standard library's sources, has about 170 distinct characters)."""
+
+
 def min_corpus_chars(block_size: int, val_fraction: float) -> int:
     """Characters a corpus needs: one training window and one validation block."""
     return math.ceil((block_size + 2) / val_fraction) + block_size + 2
@@ -268,6 +273,15 @@ class CharLMTask(Task):
         if not hasattr(self, "vocab_size"):
             self.vocab_size = len(self.corpus().vocab)
         return CharGPT(self.vocab_size, self.options, config.activation_checkpointing)
+
+    def parameter_count(self, config: TrainConfig) -> int:
+        """The parameters of :class:`CharGPT`, by formula (no model built, no corpus read):
+        embeddings ``(V + block_size) * D``, per block ``12 D^2 + 13 D``, the final
+        LayerNorm ``2 D``; the head is tied to the token embedding. ``V`` is the corpus's
+        vocabulary once it has been read, else :data:`COUNTED_VOCAB`."""
+        o, d = self.options, self.options.d_model
+        vocab = getattr(self, "vocab_size", COUNTED_VOCAB)
+        return (vocab + o.block_size) * d + o.n_layer * (12 * d * d + 13 * d) + 2 * d
 
     def loss_sum(self, model: nn.Module, batch) -> torch.Tensor:
         x_BT, y_BT = batch
