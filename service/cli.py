@@ -1,7 +1,8 @@
 """The service's commands of the ``hpo`` CLI, added through the entry-point group ``hpo.cli``.
 
     hpo serve [--host H] [--port P]
-    hpo token create NAME [--admin]
+    hpo token create NAME [--role admin|member|viewer] [--expires-in 30d]   (service.cli_tokens)
+    hpo token list | revoke NAME | quota NAME [--max-gpus G ...]
     hpo submit SPEC [--wait]       hpo status NAME     hpo trials NAME     hpo list
     hpo stop NAME                  hpo best NAME
 
@@ -40,10 +41,9 @@ TOKEN_HINT = ("set HPO_TOKEN or pass --token; a token comes from `hpo token crea
 def register(app: typer.Typer) -> None:
     """Add the service's commands to the ``hpo`` typer app."""
     app.command()(serve)
-    token_app = typer.Typer(help="API tokens of the service.", no_args_is_help=True)
-    token_app.command("create")(token_create)
-    token_app.command("list")(token_list)
-    app.add_typer(token_app, name="token")
+    from service import cli_tokens  # hpo token create | list | revoke | quota
+
+    cli_tokens.register(app)
     db_app = typer.Typer(help="The service's own tables in HPO_DATABASE_URL (Alembic "
                               "migrations; Optuna migrates its own).", no_args_is_help=True)
     db_app.command("upgrade")(db_upgrade)
@@ -80,48 +80,6 @@ def serve(host: Annotated[str | None, typer.Option(
         _error(e, 1)
     finally:
         sock.close()
-
-
-def token_list() -> None:
-    """The tokens in the database (HPO_DATABASE_URL): name, admin or not, creation time.
-    Tokens themselves are never stored, so never shown."""
-    import sqlalchemy as sa
-
-    from service.db import TokenRow
-
-    settings = _settings()
-    if (missing := _missing_database(settings)) is not None:
-        _error(missing, 1)
-    with _database(settings) as engine, engine.connect() as conn:
-        try:
-            rows = conn.execute(sa.select(TokenRow.name, TokenRow.is_admin, TokenRow.created_at)
-                                .order_by(TokenRow.created_at, TokenRow.id)).all()
-        except sa.exc.OperationalError:  # no service tables yet
-            rows = []
-    table = Table("name", "admin", "created", header_style="bold")
-    for name, is_admin, created in rows:
-        table.add_row(name, "yes" if is_admin else "no", f"{created:%Y-%m-%d %H:%M:%S} UTC")
-    out.print(table)
-
-
-def token_create(name: Annotated[str, typer.Argument(help="a name for the token's owner")],
-                 admin: Annotated[bool, typer.Option(help="sees and controls every study")]
-                 = False) -> None:
-    """Create an API token in the database (HPO_DATABASE_URL) and print it once."""
-    from service import migrate
-    from service.auth import create_token
-    from service.db import session_factory
-    from service.errors import TokenExists
-
-    settings = _settings()
-    with _database(settings) as engine:
-        migrate.prepare(engine, auto=settings.migrate_on_start)
-        try:
-            token = create_token(session_factory(engine), name, admin=admin)
-        except (ValueError, TokenExists) as e:
-            _error(e, 2)
-    err.print(f"token {name!r}{' (admin)' if admin else ''} created; it is shown only once:")
-    print(token)
 
 
 def db_upgrade() -> None:

@@ -201,6 +201,6 @@ def test_hpo_token_list_names_tokens_never_shows_them(tmp_path, monkeypatch):
     assert listed.exit_code == 0, listed.output
     rows = [[c for c in line.replace("│", " ").split() if c] for line in listed.output.splitlines()
             if "alice" in line or "bob" in line]
-    assert [row[:2] for row in rows] == [["alice", "yes"], ["bob", "no"]]
+    assert [row[:2] for row in rows] == [["alice", "admin"], ["bob", "member"]]
     token = made.output.strip().splitlines()[-1]
     assert token.startswith("hpo_") and token not in listed.output
