@@ -18,10 +18,10 @@ from typing import Any
 import ray
 from ray import tune
 from ray.exceptions import RuntimeEnvSetupError
-from ray.tune.search import BasicVariantGenerator
 
 import trainers
 from hpo.errors import ClusterError, SpecError
+from hpo.gate import GateKeeper, TrialGate, TrialResources
 from hpo.lease import DriverLease
 from hpo.record import Counts, Orphan, StudyRecord, TrialListener
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
@@ -31,7 +31,7 @@ from hpo.tune.callback import RecordCallback
 from hpo.tune.pbt import build_pbt, remove_pins
 from hpo.tune.pbt import param_space as pbt_param_space
 from hpo.tune.schedulers import RecordingScheduler, build_scheduler
-from hpo.tune.searcher import StudySearcher
+from hpo.tune.searcher import GatedVariants, StudySearcher
 from hpo.tune.trainable import TrialSetup, train_trial
 from hpo.validation import check_budgets
 from hpo.warmstart import enqueue_warm_start, warm_start_points
@@ -176,22 +176,25 @@ class StopWhen(tune.Stopper):
 
 
 def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
-                on_change: Callable[[], None] | None, stopper: StopWhen) -> tune.Tuner:
-    """A Tuner for the planned trials of ``spec``: orphans to resume, then new ones."""
+                on_change: Callable[[], None] | None, stopper: StopWhen,
+                keeper: GateKeeper | None = None) -> tune.Tuner:
+    """A Tuner for the planned trials of ``spec``: orphans to resume, then new ones; each
+    trial made only when ``keeper`` (the run's trial gate, ``hpo.gate``) lets it start."""
+    keeper = keeper or GateKeeper(None, TrialResources.of(spec.resources))
     objective = spec.objectives[0]
     param_space = None
     max_concurrent = spec.budget.max_concurrent_trials
     if spec.scheduler.name in POPULATION_SCHEDULERS:  # Ray's PBT refuses any search algorithm
         scheduler = RecordingScheduler(build_pbt(spec, record, pins_dir(spec, results_dir)),
                                        record, spec.scheduler.name)
-        search_alg = BasicVariantGenerator(random_state=spec.sampler.seed,
-                                           max_concurrent=max_concurrent)
+        search_alg = GatedVariants(keeper, max_concurrent=max_concurrent,
+                                   random_state=spec.sampler.seed)
         param_space = pbt_param_space(spec)
         max_concurrent = None  # Tune would ignore it for a variant generator, with a warning
     else:
         task, config = trainers.create(spec.task, spec.config)
         scheduler = build_scheduler(spec, record, trainers.planned_updates(task, config))
-        search_alg = StudySearcher(record, plan.n_new, plan.resumes)
+        search_alg = StudySearcher(record, plan.n_new, plan.resumes, keeper)
     tune_config = tune.TuneConfig(
         metric=objective.metric, mode="max" if objective.direction == "maximize" else "min",
         search_alg=search_alg, scheduler=scheduler,
@@ -217,7 +220,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
               should_stop: Callable[[], bool] | None = None,
               should_interrupt: Callable[[], bool] | None = None,
               listener: TrialListener | None = None,
-              compare_spec: bool = True) -> StudyOutcome:
+              compare_spec: bool = True, gate: TrialGate | None = None) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
     The dataset check (scheduler budgets against the trials' planned updates)
@@ -244,6 +247,9 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         listener: told of every trial the record changes (``StudyRecord``).
         compare_spec: False when ``spec`` is the study's own stored spec (the
             service's driver): it is then not compared with the Optuna copy.
+        gate: asked before each trial starts and told when it ends (``hpo.gate``); while
+            it refuses, trials wait (none fails). Every slot it gave is given back by
+            the time ``run_study`` returns or raises. Default: none.
 
     Raises:
         SpecError: the cluster cannot hold one trial, a warm-start source is
@@ -271,16 +277,21 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             if not cluster_checked:  # a stored study continued, perhaps on another cluster
                 init_ray(ray_address, num_cpus, runtime_env)
                 check_resources(spec)
-            _run_tuner(spec, record, plan, results_dir, on_change, stopper)
+            keeper = GateKeeper(gate, TrialResources.of(spec.resources))
+            try:
+                _run_tuner(spec, record, plan, results_dir, on_change, stopper, keeper)
+            finally:  # trials Tune stopped with the experiment, or left to the next driver
+                keeper.release_all()
     return outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted)
 
 
 def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
-               on_change: Callable[[StudyRecord], None] | None, stopper: StopWhen) -> None:
+               on_change: Callable[[StudyRecord], None] | None, stopper: StopWhen,
+               keeper: GateKeeper) -> None:
     notify = (lambda: on_change(record)) if on_change else None
     started = time.monotonic()
     try:
-        build_tuner(spec, record, plan, results_dir, notify, stopper).fit()
+        build_tuner(spec, record, plan, results_dir, notify, stopper, keeper).fit()
     finally:
         if not stopper.interrupted:  # an interrupted driver leaves its trials to the next one
             timed_out = spec.budget.timeout_s is not None and (
