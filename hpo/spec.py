@@ -53,8 +53,9 @@ from hpo.algorithms import (
     Strict,
     TPESamplerSpec,
 )
-from hpo.errors import SpecError, printable, unprintable
+from hpo.errors import SpecError, printable
 from hpo.params import CategoricalParam, Choice, FloatParam, IntParam, Param
+from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS, more_errors, text_errors
 from hpo.suggest import did_you_mean
 
 __all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "CategoricalParam", "FloatParam",
@@ -70,8 +71,6 @@ RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 characters (``node:10.0.0.1``, ``accelerator_type:A100`` are its own); a name outside this
 set could not be stored by every database (NUL) or asked of a node by ``ray start``."""
 MAX_TIMEOUT_S = 10 * 365.25 * 86400  # ten years
-
-
 # -- objective ---------------------------------------------------------------------------
 
 
@@ -303,27 +302,6 @@ def _msg(text: str) -> str:
     return text.removeprefix("Value error, ")
 
 
-def _text_errors(value: Any, loc: str) -> list[dict[str, str]]:
-    """Every key or string of the spec holding a control character or a lone surrogate:
-    no database keeps them all (PostgreSQL refuses NUL, UTF-8 has no surrogates)."""
-    def bad(text: str, where: str) -> list[dict[str, str]]:
-        c = unprintable(text)
-        return [] if c is None else [{"loc": where, "msg": f"holds U+{ord(c):04X} "
-                                      f"(a control character or lone surrogate); "
-                                      f"only printable text is accepted"}]
-
-    if isinstance(value, str):
-        return bad(value, loc)
-    errors: list[dict[str, str]] = []
-    items = (value.items() if isinstance(value, Mapping)
-             else enumerate(value) if isinstance(value, list | tuple) else ())
-    for key, item in items:
-        where = f"{loc}.{key}" if loc else str(key)
-        errors += bad(key, where) if isinstance(key, str) else []
-        errors += _text_errors(item, where)
-    return errors
-
-
 def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
                allow_paths: bool = True,
                bound: Callable[[StudySpec], None] | None = None) -> StudySpec:
@@ -352,8 +330,12 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
     """
     if not isinstance(data, Mapping):
         raise SpecError.at("", f"a study spec must be a mapping, got {type(data).__name__}")
-    if errors := _text_errors(data, ""):
-        raise SpecError(errors)
+    if errors := text_errors(data, ""):
+        raise SpecError(errors[:MAX_ERRORS])
+    space = data.get("search_space")
+    if isinstance(space, Mapping) and len(space) > MAX_PARAMETERS:  # before validating each
+        raise SpecError.at("search_space", f"{len(space):,} parameters; at most "
+                                           f"{MAX_PARAMETERS:,}")
     spec = _validate(data)
     if bound is not None:
         bound(spec)
@@ -384,7 +366,11 @@ def _validate(data: Mapping[str, Any]) -> StudySpec:
     try:
         return StudySpec.model_validate(dict(data))
     except ValidationError as e:
-        raise SpecError([_error(err, data) for err in e.errors()]) from None
+        found = e.errors()
+        errors = [_error(err, data) for err in found[:MAX_ERRORS]]
+        if len(found) > MAX_ERRORS:
+            errors.append(more_errors(len(found) - MAX_ERRORS))
+        raise SpecError(errors) from None
 
 
 def load_spec(path: str | Path, *, check_task: bool = True) -> StudySpec:

@@ -1,0 +1,126 @@
+"""Issue 15.4: a spec's validation stays linear and cheap per item whatever the body's size.
+
+No timing here (bench/spec_bounds.py prints the figures): these pin the mechanisms that
+keep it so: a size bound runs before the task's per-value checks, each check lists at
+most MAX_ERRORS problems, a search space over MAX_PARAMETERS is refused before its
+parameters are validated, and the text scan and warm-start lookups find what they did.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import trainers
+from hpo.errors import SpecError
+from hpo.spec import StudySpec, parse_spec
+from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS
+
+BASE = {"name": "limits", "task": "digits", "config": {"max_epochs": 1},
+        "objective": {"metric": "val_accuracy"}, "budget": {"n_trials": 4}}
+
+
+def _errors(data, **kwargs) -> list[dict[str, str]]:
+    with pytest.raises(SpecError) as e:
+        parse_spec(data, **kwargs)
+    return e.value.errors
+
+
+@pytest.fixture
+def creates(monkeypatch) -> list[dict]:
+    """The parameters of every ``trainers.create`` call (the task's per-value checks)."""
+    calls: list[dict] = []
+    real = trainers.create
+
+    def counting(name, params=None):
+        calls.append(dict(params or {}))
+        return real(name, params)
+
+    monkeypatch.setattr(trainers, "create", counting)
+    return calls
+
+
+def test_a_bound_runs_on_the_valid_structure_before_any_task_check(creates):
+    space = {"lr": {"type": "categorical", "choices": [i / 1000 for i in range(1, 1001)]}}
+    seen = []
+
+    def bound(spec):
+        seen.append(spec)
+        raise SpecError.at("search_space", "too large")
+
+    errors = _errors({**BASE, "search_space": space}, bound=bound)
+    assert errors == [{"loc": "search_space", "msg": "too large"}]
+    assert len(seen) == 1 and isinstance(seen[0], StudySpec)
+    assert seen[0].search_space["lr"].choices[-1] == 1.0
+    assert creates == []  # not one of the 1000 values was built
+
+
+def test_without_a_bound_every_value_is_checked_against_the_task(creates):
+    space = {"lr": {"type": "categorical", "choices": [i / 1000 for i in range(1, 101)]}}
+    parse_spec({**BASE, "search_space": space})
+    assert len(creates) == 1 + 100  # the config, then one per choice
+
+
+def test_unknown_options_past_the_first_hundred_are_not_listed():
+    config = {f"option{i}": 1 for i in range(500)}
+    errors = _errors({**BASE, "config": config})
+    assert len(errors) == MAX_ERRORS + 1
+    assert errors[0]["loc"] == "config.option0"
+    assert errors[MAX_ERRORS - 1]["loc"] == f"config.option{MAX_ERRORS - 1}"
+    assert errors[-1] == {"loc": "config", "msg": f"not checked further: the first "
+                                                  f"{MAX_ERRORS} problems are listed"}
+
+
+def test_values_of_the_search_space_past_the_first_hundred_problems_are_not_checked(creates):
+    # width must be in 1..512: choices 513..1000 are 488 problems
+    space = {"width": {"type": "categorical", "choices": list(range(1, 1001))}}
+    errors = _errors({**BASE, "search_space": space})
+    assert [e["loc"] for e in errors[:2]] == ["search_space.width.choices.512",
+                                              "search_space.width.choices.513"]
+    assert len(errors) == MAX_ERRORS
+    assert len(creates) == 1 + 512 + MAX_ERRORS  # the config, the good ones, 100 bad
+
+
+def test_structural_problems_past_the_first_hundred_are_counted():
+    space = {f"p{i}": {"type": "int", "low": 1, "high": 0} for i in range(300)}
+    errors = _errors({**BASE, "search_space": space})
+    assert len(errors) == MAX_ERRORS + 1
+    assert errors[0] == {"loc": "search_space.p0.high", "msg": "must be > low (1), got 0"}
+    assert errors[-1] == {"loc": "", "msg": f"and 200 more problems (the first {MAX_ERRORS} "
+                                            "are listed)"}
+
+
+def test_a_search_space_over_the_limit_is_refused_before_its_parameters_are_read():
+    space = {f"p{i}": "not a parameter" for i in range(MAX_PARAMETERS + 1)}
+    assert _errors({**BASE, "search_space": space}) == [
+        {"loc": "search_space", "msg": "1,001 parameters; at most 1,000"}]
+
+
+def test_unprintable_text_deep_in_a_large_body_is_found_with_its_path():
+    config = {"lr": [0] * 100_000 + ["a\x00b"], "bad\x7fkey": 1}
+    assert _errors({**BASE, "config": config}) == [
+        {"loc": "config.lr.100000", "msg": "holds U+0000 (a control character or lone "
+                                           "surrogate); only printable text is accepted"},
+        {"loc": "config.bad\\x7fkey", "msg": "holds U+007F (a control character or lone "
+                                             "surrogate); only printable text is accepted"}]
+
+
+def test_printable_text_outside_ascii_is_accepted_and_c1_controls_are_not():
+    text = "caf\u00e9\u00a0\u4e2d"  # U+00A0 is the first character past the C1 controls
+    assert parse_spec({**BASE, "config": {"x": [text]}}, check_task=False).config == {
+        "x": [text]}
+    assert _errors({**BASE, "config": {"x": ["\u009f"]}}, check_task=False) == [
+        {"loc": "config.x.0", "msg": "holds U+009F (a control character or lone "
+                                     "surrogate); only printable text is accepted"}]
+
+
+@pytest.mark.parametrize(("point", "inside"), [(3, True), (3.0, False), (True, False),
+                                               (1, True), ("a", True), ("b", False)])
+def test_warm_start_points_of_a_categorical_match_by_type_and_value(point, inside):
+    from hpo.validation import _check_warm_start
+
+    choices = ["a", *range(1, 1000)]  # 1000 choices: looked up in a set
+    spec = parse_spec({**BASE, "search_space": {"depth": {"type": "categorical",
+                                                          "choices": choices}},
+                       "warm_start": [{"params": {"depth": point}}]}, check_task=False)
+    assert _check_warm_start(spec) == ([] if inside else [
+        {"loc": "warm_start.0.params.depth", "msg": f"{point!r} is outside the search space"}])
