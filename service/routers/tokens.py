@@ -1,6 +1,6 @@
 """``/v1/tokens``: the tokens and their quotas, for admin tokens (issue 15.1, 15.2).
 
-List, create (the answer carries the secret, once), revoke (from the token's next
+List, read, create (the answer carries the secret, once), revoke (from the token's next
 request on, dashboard cookies included), read and set an owner's quota. Every change
 is audited (:mod:`service.audit`). Any other token answers 403.
 """
@@ -65,6 +65,12 @@ def create(body: TokenIn, who: Admin, c: ComponentsDep, audit: AdminAuditDep,
     response.headers["Location"] = f"/v1/tokens/{body.name}"
     return TokenCreated(**TokenOut.of(store.get_token(c.sessions, body.name)).model_dump(),
                         token=secret)
+
+
+@router.get("/{name}", response_model=TokenOut, responses={**READ, **NO_TOKEN})
+def get(name: TokenName, who: Admin, c: ComponentsDep) -> TokenOut:
+    """One token: role, state, last use, expiry, quota (never its secret)."""
+    return TokenOut.of(store.get_token(c.sessions, name))
 
 
 @router.post("/{name}/revoke", response_model=TokenOut,

@@ -24,7 +24,7 @@ ROUTES = {
     "/v1/studies": {"GET", "POST"}, "/v1/studies/s": {"GET", "DELETE"},
     "/v1/studies/s/trials": {"GET"}, "/v1/studies/s/trials/0": {"GET"},
     "/v1/studies/s/stop": {"POST"},
-    "/v1/tokens": {"GET", "POST"}, "/v1/tokens/s/revoke": {"POST"},
+    "/v1/tokens": {"GET", "POST"}, "/v1/tokens/s": {"GET"}, "/v1/tokens/s/revoke": {"POST"},
     "/v1/tokens/s/quota": {"GET", "PUT"}, "/v1/audit": {"GET"},
     # FastAPI's documentation pages are Starlette routes, which take HEAD with GET
     "/openapi.json": {"GET", "HEAD"}, "/docs": {"GET", "HEAD"}, "/redoc": {"GET", "HEAD"},
@@ -104,6 +104,7 @@ DOCUMENTED_ERRORS = {
     ("get", "/v1/tasks"): {401, 503},
     ("get", "/v1/tokens"): {401, 403, 422, 503},
     ("post", "/v1/tokens"): {401, 403, 408, 409, 413, 422, 503},
+    ("get", "/v1/tokens/{name}"): {401, 403, 404, 422, 503},
     ("post", "/v1/tokens/{name}/revoke"): {401, 403, 404, 408, 409, 413, 422, 503},
     ("get", "/v1/tokens/{name}/quota"): {401, 403, 404, 422, 503},
     ("put", "/v1/tokens/{name}/quota"): {401, 403, 404, 408, 413, 422, 503},

@@ -44,6 +44,8 @@ def test_an_admin_creates_a_token_whose_secret_is_shown_once_and_works(client, t
     assert r.status_code == 201, r.text
     body = r.json()
     assert r.headers["location"] == "/v1/tokens/carol"
+    read = client.get("/v1/tokens/carol", headers=admin).json()
+    assert read == {k: v for k, v in r.json().items() if k != "token"}
     assert (body["name"], body["role"], body["state"]) == ("carol", "viewer", "active")
     expires = dt.datetime.fromisoformat(body["expires_at"])
     assert abs(expires - (utcnow() + dt.timedelta(hours=1))) < dt.timedelta(seconds=10)
@@ -104,7 +106,8 @@ def test_a_token_cannot_revoke_itself_and_unknown_names_answer_404(client, token
     admin = bearer(tokens["admin"])
     r = client.post("/v1/tokens/admin/revoke", headers=admin)
     assert r.status_code == 409 and "cannot revoke itself" in r.json()["error"]["message"]
-    for method, path in [("POST", "/v1/tokens/nobody/revoke"), ("GET", "/v1/tokens/nobody/quota"),
+    for method, path in [("POST", "/v1/tokens/nobody/revoke"), ("GET", "/v1/tokens/nobody"),
+                         ("GET", "/v1/tokens/nobody/quota"),
                          ("PUT", "/v1/tokens/nobody/quota"), ("GET", "/v1/tokens/a%00b/quota"),
                          ("POST", "/v1/tokens/-x/revoke")]:
         r = client.request(method, path, headers=admin, json={})
