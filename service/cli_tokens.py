@@ -82,19 +82,18 @@ def token_list() -> None:
     """The tokens in the database (HPO_DATABASE_URL): name, role, created, last used (within a
     minute), expiry, revocation and quota. Tokens themselves are never stored, so never
     shown."""
-    import sqlalchemy as sa
-
+    from service import migrate
     from service.db import session_factory
     from service.tokens import list_tokens
 
     settings = _settings()
     if (missing := _missing_database(settings)) is not None:
         _error(missing, 1)
+    infos = []
     with _database(settings) as engine:
-        try:
+        if migrate.current(engine) is not None:  # else no service tables yet: no tokens
+            migrate.prepare(engine, auto=settings.migrate_on_start)  # outdated: exit 1
             infos, _ = list_tokens(session_factory(engine))
-        except sa.exc.OperationalError:  # no service tables yet
-            infos = []
     table = Table("name", "role", "created", "last used", "expires", "revoked", "quota",
                   header_style="bold")
     for t in infos:

@@ -243,3 +243,19 @@ def test_cli_lists_revokes_and_sets_quotas(cli, app, tokens, client):
     assert rows["admin"][1] == "admin"
     for secret in tokens.values():
         assert secret not in listed.output
+
+
+def test_token_commands_refuse_an_outdated_database_in_one_line(tmp_path, monkeypatch):
+    from service.db import build_engine
+    from tests.service.test_migrations import LEGACY
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = build_engine(url)
+    LEGACY.create_all(engine)  # the tables before migrations: no role, no quotas
+    engine.dispose()
+    monkeypatch.setenv("HPO_DATABASE_URL", url)
+    monkeypatch.setenv("HPO_AUTO_MIGRATE", "false")
+    for argv in (["list"], ["revoke", "alice"], ["quota", "alice"]):
+        r = CliRunner().invoke(hpo_app, ["token", *argv])
+        assert r.exit_code == 1 and "run `hpo db upgrade`" in r.output, (argv, r.output)
+        assert "Traceback" not in r.output
