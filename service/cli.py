@@ -229,10 +229,27 @@ def status(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None
                        ("device-seconds", f"{study['device_seconds']:.1f}"),
                        ("stop requested", str(study["stop_requested"]).lower())]:
         table.add_row(key, value)
+    if study.get("waiting_for"):
+        table.add_row("waiting for", study["waiting_for"])
+    if study.get("quota"):
+        table.add_row("quota", _quota_line(study["quota"]))
     if study["error"]:
         table.add_row("error", study["error"])
     out.print(table)
     _print_best(study)
+
+
+def _quota_line(quota: dict) -> str:
+    """The owner's use against its limits: ``trials 1/1, GPUs 0/-, ...`` (``-``: no limit)."""
+    lim, use = quota["limits"], quota["use"]
+
+    def of(limit) -> str:
+        return "-" if limit is None else f"{limit:g}"
+
+    return (f"trials {use['running_trials']}/{of(lim['max_running_trials'])}, "
+            f"GPUs {use['gpus']:g}/{of(lim['max_gpus'])}, "
+            f"device-s 24h {use['device_seconds_24h']:.0f}/{of(lim['device_seconds_per_day'])}, "
+            f"total {use['device_seconds_total']:.0f}/{of(lim['device_seconds_total'])}")
 
 
 def list_studies(status_filter: Annotated[str | None, typer.Option(

@@ -8,8 +8,11 @@ One thread in the service process, every ``dispatch_interval_s``:
    ``heartbeat_timeout_s``, or a driver process on this machine that no longer
    exists (the service was killed, then started again). ``run_study`` then
    continues the study to exactly its ``n_trials``;
-3. claims QUEUED studies, oldest first, while fewer than
-   ``max_running_studies`` drivers run here.
+3. gives back the trial slots (``service.quotas``) of studies that no longer run;
+4. claims QUEUED studies while fewer than ``max_running_studies`` drivers run here, by
+   fair share (``service.quotas.pick_fair``): the study of the owner holding the fewest
+   trial slots, then with the fewest device-seconds in the last 24 h, then the oldest;
+   a study whose owner is over a quota stays QUEUED with ``waiting_for`` set.
 
 A claim is a lease (``hpo.lease``) kept in the study's row: taken by one guarded
 update (``... WHERE status = 'QUEUED' AND claimed_by = <what was read>``, or ``WHERE
@@ -36,6 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 from hpo.lease import holder_gone, take, while_held
+from service import quotas
 from service.db import Status, StudyRow, utcnow
 from service.driver_process import CLAIMS, DriverPool, DriverProcess
 from service.settings import Settings
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 LOG_NAME = "service-driver.log"
 SHUTDOWN_GRACE_S = 30.0
 CREATING_GRACE_S = 60.0
+FAIR_CANDIDATES = 500  # the oldest QUEUED studies weighed by fair share in one round
 
 
 class Dispatcher:
@@ -138,6 +143,8 @@ class Dispatcher:
             if len(self.drivers) >= self.settings.max_running_studies:
                 return
             self._claim(name, old_claim, Status.RUNNING)
+        with self.sessions.begin() as session:
+            quotas.sweep(session)
         while len(self.drivers) < self.settings.max_running_studies:
             if not self.claim_queued():
                 break
@@ -147,14 +154,24 @@ class Dispatcher:
     # -- claiming ----------------------------------------------------------------------
 
     def claim_queued(self) -> bool:
-        """Claim the oldest QUEUED study and start its driver; False if none was queued."""
+        """Claim the next QUEUED study by fair share (``quotas.pick_fair``) and start its
+        driver; False if none was queued or none may start now. Sets ``waiting_for`` on
+        the queued studies whose owner is over a quota (and clears it when no longer)."""
         with self.sessions() as session:
-            row = session.execute(
-                sa.select(StudyRow.name, StudyRow.claimed_by)
+            rows = session.execute(
+                sa.select(StudyRow.id, StudyRow.name, StudyRow.claimed_by, StudyRow.owner_id,
+                          StudyRow.created_at, StudyRow.spec, StudyRow.waiting_for)
                 .where(StudyRow.status == Status.QUEUED)
-                .order_by(StudyRow.created_at, StudyRow.id).limit(1)
-                .with_for_update(skip_locked=True)).first()
+                .order_by(StudyRow.created_at, StudyRow.id).limit(FAIR_CANDIDATES)).all()
+            row, reasons = quotas.pick_fair(session, rows)
             session.rollback()
+        changed = [(r.id, reasons[r.id]) for r in rows if reasons[r.id] != r.waiting_for]
+        if changed:
+            with self.sessions.begin() as session:
+                for study_id, reason in changed:
+                    session.execute(sa.update(StudyRow).where(
+                        StudyRow.id == study_id, StudyRow.status == Status.QUEUED)
+                        .values(waiting_for=reason))
         if row is None:
             return False
         self._claim(row.name, row.claimed_by, Status.QUEUED)
@@ -196,7 +213,10 @@ class Dispatcher:
                              StudyRow.status: Status.RUNNING, StudyRow.worker_pid: None,
                              StudyRow.started_at: sa.func.coalesce(StudyRow.started_at, now),
                              StudyRow.attempts: StudyRow.attempts + 1,
-                             StudyRow.updated_at: now})
+                             StudyRow.waiting_for: None, StudyRow.updated_at: now},
+                         returning=[StudyRow.id])
+            if taken is not None and status == Status.RUNNING:  # the gone driver's slots
+                quotas.sweep(session, [taken.id], now)
         if taken is not None:
             if status == Status.RUNNING:
                 self.takeovers += 1

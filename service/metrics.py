@@ -14,6 +14,15 @@ Read from the database at each scrape (:class:`StoreCollector`; one query per ta
 * ``hpo_device_seconds_total{owner}``: device-seconds of finished trials by owner (token
   name), deleted studies' included (``hpo_owner_usage``), so it only grows.
 
+Quotas and fair share (``service.quotas``), read at each scrape:
+
+* ``hpo_quota_limit{owner,limit}``: each owner's set limits (``max_running_trials``,
+  ``max_gpus``, ``device_seconds_per_day``, ``device_seconds_total``);
+* ``hpo_owner_running_trials{owner}``, ``hpo_owner_gpus_held{owner}``,
+  ``hpo_owner_device_seconds_24h{owner}``: each owner's use now (owners with a quota, a
+  running trial or use in the last 24 h);
+* ``hpo_studies_waiting``: QUEUED or RUNNING studies waiting for a quota (``waiting_for``).
+
 The dispatcher of this process (absent where it runs none):
 
 * ``hpo_dispatcher_heartbeat_age_seconds``: since its last complete round;
@@ -42,6 +51,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy.orm import sessionmaker
 
 from hpo.summary import StudySummary
+from service import quotas
 from service.db import VISIBLE, Status, StudyRow, SummaryRow, TokenRow, UsageRow
 
 disable_created_metrics()  # no *_created series: they double every counter's series count
@@ -95,6 +105,10 @@ class StoreCollector:
                 .where(StudyRow.status.in_(VISIBLE))).all()
             retired = session.execute(sa.select(TokenRow.name, UsageRow.device_seconds)
                                       .join(TokenRow, TokenRow.id == UsageRow.owner_id)).all()
+            owners = quotas.owners_report(session)
+            waiting = session.execute(sa.select(sa.func.count()).select_from(StudyRow).where(
+                StudyRow.waiting_for.is_not(None),
+                StudyRow.status.in_([Status.QUEUED, Status.RUNNING]))).scalar_one()
         studies = GaugeMetricFamily("hpo_studies", "studies by status", labels=["status"])
         for status in VISIBLE:
             studies.add_metric([status], by_status.get(status, 0))
@@ -121,6 +135,7 @@ class StoreCollector:
         for owner in sorted(used):
             counter.add_metric([owner], used[owner])
         yield counter
+        yield from _quota_metrics(owners, waiting)
         yield from self._dispatcher()
 
     def _dispatcher(self):
@@ -135,6 +150,29 @@ class StoreCollector:
                                   "ran before (requeued or taken over)", value=d.restarts)
         yield CounterMetricFamily("hpo_study_takeovers", "studies taken over from a driver "
                                   "that was gone", value=d.takeovers)
+
+
+def _quota_metrics(owners: dict[str, quotas.OwnerQuota], waiting: int):
+    limit = GaugeMetricFamily("hpo_quota_limit", "owners' quota limits", labels=["owner",
+                                                                             "limit"])
+    running = GaugeMetricFamily("hpo_owner_running_trials", "trials running now, by owner",
+                                labels=["owner"])
+    gpus = GaugeMetricFamily("hpo_owner_gpus_held", "GPUs held by running trials, by owner",
+                             labels=["owner"])
+    day = GaugeMetricFamily("hpo_owner_device_seconds_24h", "device-seconds in the last "
+                            "24 h (running trials so far included), by owner", labels=["owner"])
+    for owner in sorted(owners):
+        q = owners[owner]
+        for name in quotas.LIMITS:
+            value = getattr(q.limits, name)
+            if value is not None:
+                limit.add_metric([owner, name], value)
+        running.add_metric([owner], q.use.running_trials)
+        gpus.add_metric([owner], q.use.gpus)
+        day.add_metric([owner], q.use.device_seconds_24h)
+    yield from (limit, running, gpus, day)
+    yield GaugeMetricFamily("hpo_studies_waiting", "QUEUED or RUNNING studies waiting for a "
+                            "quota", value=waiting)
 
 
 class HttpMetrics:

@@ -13,6 +13,7 @@ service's own tables give aware UTC ones.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -125,6 +126,8 @@ class StudySummary(_Out):
     started_at: UTCDatetime | None
     ended_at: UTCDatetime | None
     error: str | None
+    waiting_for: str | None = Field(None, description="the quota the study waits for, while "
+                                                      "its owner is over it (QUEUED or RUNNING)")
 
     @classmethod
     def fields_of(cls, v: StudyView) -> dict[str, Any]:
@@ -138,11 +141,41 @@ class StudySummary(_Out):
                               fraction=min(1.0, c.budget_used / row.n_trials)),
             stop_requested=row.stop_requested, created_at=row.created_at,
             started_at=row.started_at, ended_at=row.ended_at,
-            error=public_message(row.error) if row.error else None)
+            error=public_message(row.error) if row.error else None,
+            waiting_for=row.waiting_for)
 
     @classmethod
     def of(cls, v: StudyView) -> StudySummary:
         return cls(**cls.fields_of(v))
+
+
+class QuotaLimitsOut(_Out):
+    max_running_trials: int | None = Field(description="trials running at once; null: no limit")
+    max_gpus: float | None = Field(description="GPUs held at once by running trials")
+    device_seconds_per_day: float | None = Field(description="device-seconds per rolling 24 h")
+    device_seconds_total: float | None = Field(description="device-seconds ever")
+
+
+class QuotaUseOut(_Out):
+    running_trials: int = Field(description="trials of all the owner's studies running now")
+    gpus: float = Field(description="GPUs those trials hold")
+    device_seconds_24h: float = Field(description="device-seconds in the last 24 h (finished "
+                                                  "trials and running ones so far)")
+    device_seconds_total: float = Field(description="device-seconds ever, likewise")
+
+
+class QuotaOut(_Out):
+    limits: QuotaLimitsOut
+    use: QuotaUseOut
+
+    @classmethod
+    def of(cls, q) -> QuotaOut:
+        """From a ``service.quotas.OwnerQuota``."""
+        u = q.use
+        return cls(limits=QuotaLimitsOut(**dataclasses.asdict(q.limits)),
+                   use=QuotaUseOut(running_trials=u.running_trials, gpus=u.gpus,
+                                   device_seconds_24h=round(u.device_seconds_24h, 3),
+                                   device_seconds_total=round(u.device_seconds_total, 3)))
 
 
 class StudyOut(StudySummary):
@@ -152,6 +185,7 @@ class StudyOut(StudySummary):
     device_seconds: float = Field(description="CPU- or GPU-seconds held by the trials so far")
     attempts: int = Field(description="times a driver started on this study")
     dashboard_url: str | None = Field(description="path of the study's dashboard page")
+    quota: QuotaOut | None = Field(None, description="the owner's quota: limits and use now")
 
     @classmethod
     def of(cls, v: StudyView) -> StudyOut:
@@ -160,7 +194,8 @@ class StudyOut(StudySummary):
                    best_trial=best[0] if len(best) == 1 else None, best_trials=best,
                    device_seconds=round(v.device_seconds, 3), attempts=v.row.attempts,
                    dashboard_url=(f"/dashboard/studies/{v.optuna_id}"
-                                  if v.optuna_id is not None else None))
+                                  if v.optuna_id is not None else None),
+                   quota=QuotaOut.of(v.quota) if v.quota is not None else None)
 
 
 class FieldOut(_Out):

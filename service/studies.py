@@ -32,6 +32,7 @@ from service import optuna_sql
 from service.auth import Principal
 from service.db import ENDED, VISIBLE, Status, StudyRow, SummaryRow, TokenRow, utcnow
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
+from service.quotas import OwnerQuota, quota_of
 from service.settings import Settings
 from service.summaries import compute_summary, read_summaries, retire_usage, store_summary
 
@@ -48,6 +49,7 @@ class StudyView:
     optuna_id: int | None
     best: list[FrozenTrial]
     device_seconds: float
+    quota: OwnerQuota | None = None  # its owner's limits and use (a read of one study)
 
 
 class StudyService:
@@ -184,11 +186,12 @@ class StudyService:
         row, owner = self._get(who, name, read=True)
         with self.sessions() as session:
             summary = read_summaries(session, [row.id]).get(row.id)
+            quota = quota_of(session, row.owner_id)
         if summary is None:
             summary = (self._summary_once(row) if row.status in ENDED
                        else compute_summary(self.storage, row))
         return StudyView(row, owner, summary.counts, summary.optuna_study_id,
-                         summary.best_trials(), summary.device_seconds())
+                         summary.best_trials(), summary.device_seconds(), quota)
 
     def _summary_once(self, row: StudyRow) -> StudySummary:
         """An ended study's summary computed from Optuna, and stored."""

@@ -39,6 +39,7 @@ from service import logs
 from service.db import Status, StudyRow, build_engine, session_factory, utcnow
 from service.driver_process import CLAIMS, wait_for_study, watch_for_interrupt
 from service.process import die_with_parent, lower_priority, parent_gone
+from service.quotas import QuotaGate
 from service.settings import Settings
 from service.summaries import summary_tracker
 
@@ -102,13 +103,15 @@ def finish(sessions: sessionmaker, name: str, claim: str, status: Status,
     with sessions.begin() as session:
         while_held(session, CLAIMS, name, claim, guards=[StudyRow.status == Status.RUNNING],
                    values={StudyRow.status: status, StudyRow.error: error,
-                           StudyRow.ended_at: ended, StudyRow.updated_at: utcnow(),
+                           StudyRow.ended_at: ended, StudyRow.waiting_for: None,
+                           StudyRow.updated_at: utcnow(),
                            StudyRow.claimed_by: None if status == Status.QUEUED else claim})
     log.info("study %s: %s%s", name, status, f" ({error})" if error else "")
 
 
 def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> None:
-    """Run the study to its end and write that end."""
+    """Run the study to its end and write that end. Its trials take their owner's quota
+    slots (``service.quotas.QuotaGate``) and wait while the owner is over a quota."""
     with sessions() as session:
         row = session.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
     beat = Heartbeat(sessions, name, claim, settings.heartbeat_s)
@@ -120,12 +123,14 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
 
         spec = load_stored(row.spec)  # validated at create: only read back
         tracker = summary_tracker(settings.database_url, sessions, spec, claim)
+        gate = QuotaGate(sessions, row.id, claim)
+        gate.sweep_own()  # slots an earlier driver of this study died holding
         try:
             outcome = run_study(spec, settings.database_url, ray_address=settings.ray_address,
                                 results_dir=settings.results_dir, listener=tracker,
                                 compare_spec=False,  # the stored spec itself
                                 should_stop=beat.should_stop,
-                                should_interrupt=beat.should_interrupt)
+                                should_interrupt=beat.should_interrupt, gate=gate)
         finally:
             tracker.flush()  # the last summary, before finish() writes the study's end
     except Exception as e:  # the traceback goes to this driver's log, one line to the row

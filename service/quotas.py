@@ -1,0 +1,327 @@
+"""Per-owner quotas and fair share (issue 15, points 2 and 3), read from ``hpo_quotas``.
+
+An owner's quota (``service.db.QuotaRow``; a limit that is ``None`` is not set) bounds:
+
+* ``max_running_trials``: trial slots held at once (``hpo_trial_slots``, one per running
+  trial of any of the owner's studies);
+* ``max_gpus``: the sum of ``resources.gpus`` (times workers) over those trials;
+* ``device_seconds_per_day`` and ``device_seconds_total``: device-seconds in the last 24 h
+  (rolling) and ever. Use counts the finished trials (``hpo_usage_events``) and the time
+  the running ones have held their slots so far.
+
+A trial takes a slot before it starts (:class:`QuotaGate`, the ``hpo.gate.TrialGate`` of
+the study's driver) in one transaction that first locks the owner's quota row (PostgreSQL:
+``SELECT ... FOR UPDATE``; SQLite: a no-op ``UPDATE`` takes the database's write lock), so
+two drivers of one owner never both take its last slot. Over quota, the trial is not
+made: the study waits, RUNNING with ``waiting_for`` naming the limit, and its trials start
+as the owner's other work ends. A QUEUED study of an owner who could not start one trial
+now is not started by the dispatcher (it stays QUEUED, ``waiting_for`` set), so it holds
+no driver. Slots are given back as trials end; a dead driver's are swept
+(:func:`sweep`), counting as used the time until the sweep.
+
+Fair share (:func:`pick_fair`): of the queued studies that may start, the dispatcher starts
+the one whose owner holds the fewest slots, then has used the fewest device-seconds in
+the last 24 h, then the oldest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpo.gate import TrialResources
+from hpo.spec import load_stored
+from service.db import QuotaRow, Status, StudyRow, TrialSlotRow, UsageEventRow, utcnow
+
+log = logging.getLogger(__name__)
+
+WINDOW = dt.timedelta(hours=24)
+LIMITS = ("max_running_trials", "max_gpus", "device_seconds_per_day", "device_seconds_total")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """An owner's limits; ``None``: not set."""
+
+    max_running_trials: int | None = None
+    max_gpus: float | None = None
+    device_seconds_per_day: float | None = None
+    device_seconds_total: float | None = None
+
+    @classmethod
+    def of(cls, row: QuotaRow | None) -> Limits:
+        return cls() if row is None else cls(**{k: getattr(row, k) for k in LIMITS})
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, k) is not None for k in LIMITS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """What an owner holds and has used.
+
+    Attributes:
+        running_trials: slots held (running trials of all its studies).
+        gpus: GPUs those trials hold.
+        device_seconds_24h: device-seconds of trials that ended in the last 24 h, plus
+            those the running trials have held so far.
+        device_seconds_total: the same, ever.
+    """
+
+    running_trials: int = 0
+    gpus: float = 0.0
+    device_seconds_24h: float = 0.0
+    device_seconds_total: float = 0.0
+
+
+def refusal(limits: Limits, use: Use, gpus: float) -> str | None:
+    """Why one more trial holding ``gpus`` GPUs may not start now; ``None`` if it may."""
+    n = limits.max_running_trials
+    if n is not None and use.running_trials >= n:
+        return f"quota max_running_trials: {use.running_trials} of {n} trials running"
+    g = limits.max_gpus
+    if g is not None and gpus > 0 and use.gpus + gpus > g:
+        return f"quota max_gpus: {use.gpus:g} of {g:g} GPUs held, a trial needs {gpus:g}"
+    day = limits.device_seconds_per_day
+    if day is not None and use.device_seconds_24h >= day:
+        return (f"quota device_seconds_per_day: {use.device_seconds_24h:.0f} of {day:g} "
+                f"used in the last 24 h")
+    total = limits.device_seconds_total
+    if total is not None and use.device_seconds_total >= total:
+        return f"quota device_seconds_total: {use.device_seconds_total:.0f} of {total:g} used"
+    return None
+
+
+def _owner_is(column, owner_id: int | None):
+    return column.is_(None) if owner_id is None else column == owner_id
+
+
+def limits_of(session: Session, owner_ids: Iterable[int | None]) -> dict[int | None, Limits]:
+    """The limits of each owner (no row, or no owner: none set)."""
+    ids = {o for o in owner_ids if o is not None}
+    rows = session.execute(sa.select(QuotaRow).where(QuotaRow.owner_id.in_(ids))).scalars() \
+        if ids else []
+    found = {row.owner_id: Limits.of(row) for row in rows}
+    return {o: found.get(o, Limits()) for o in {*owner_ids}}
+
+
+def use_of(session: Session, owner_ids: Iterable[int | None],
+           now: dt.datetime | None = None) -> dict[int | None, Use]:
+    """Each owner's use (:class:`Use`) at ``now``: three grouped statements."""
+    now = now or utcnow()
+    owners = set(owner_ids)
+    if not owners:
+        return {}
+    known = [o for o in owners if o is not None]
+    slot_owner = sa.or_(TrialSlotRow.owner_id.in_(known),
+                        TrialSlotRow.owner_id.is_(None) if None in owners else sa.false())
+    event_owner = sa.or_(UsageEventRow.owner_id.in_(known),
+                         UsageEventRow.owner_id.is_(None) if None in owners else sa.false())
+    slots = session.execute(sa.select(TrialSlotRow.owner_id, TrialSlotRow.gpus,
+                                      TrialSlotRow.devices, TrialSlotRow.started_at)
+                            .where(slot_owner)).all()
+    ended = sa.case((UsageEventRow.ended_at >= now - WINDOW, UsageEventRow.device_seconds),
+                    else_=0.0)
+    events = {o: (day or 0.0, total or 0.0) for o, day, total in session.execute(
+        sa.select(UsageEventRow.owner_id, sa.func.sum(ended),
+                  sa.func.sum(UsageEventRow.device_seconds))
+        .where(event_owner).group_by(UsageEventRow.owner_id))}
+    out = {}
+    for owner in owners:
+        held = [s for s in slots if s.owner_id == owner]
+        running = sum(max(0.0, (now - s.started_at).total_seconds()) * s.devices for s in held)
+        day, total = events.get(owner, (0.0, 0.0))
+        out[owner] = Use(running_trials=len(held), gpus=sum(s.gpus for s in held),
+                         device_seconds_24h=float(day) + running,
+                         device_seconds_total=float(total) + running)
+    return out
+
+
+def _lock_quota(session: Session, owner_id: int | None) -> None:
+    """Serialize slot-taking for one owner until the transaction ends."""
+    if session.get_bind().dialect.name == "postgresql":
+        if owner_id is not None:
+            session.execute(sa.select(QuotaRow.owner_id).where(QuotaRow.owner_id == owner_id)
+                            .with_for_update())
+    else:  # SQLite: a first write takes the database's write lock (waiting on busy_timeout)
+        session.execute(sa.update(QuotaRow).where(_owner_is(QuotaRow.owner_id, owner_id))
+                        .values(owner_id=QuotaRow.owner_id))
+
+
+def acquire(session: Session, study_id: int, claim: str, trial: str,
+            resources: TrialResources, now: dt.datetime | None = None) -> str | None:
+    """Take a slot for trial ``trial`` of study ``study_id`` (claimed by ``claim``), in the
+    session's transaction; the reason it may not start (nothing taken), or ``None``.
+
+    Also sets the study's ``waiting_for`` to that reason (or clears it) when it changes.
+    A study no longer RUNNING under ``claim`` gets no slot ("the study's claim was lost").
+    """
+    now = now or utcnow()
+    row = session.execute(sa.select(StudyRow.owner_id, StudyRow.waiting_for).where(
+        StudyRow.id == study_id, StudyRow.claimed_by == claim,
+        StudyRow.status == Status.RUNNING)).first()
+    if row is None:
+        return "the study's claim was lost"
+    _lock_quota(session, row.owner_id)
+    limits = limits_of(session, [row.owner_id])[row.owner_id]
+    reason = None
+    if limits.any:
+        reason = refusal(limits, use_of(session, [row.owner_id], now)[row.owner_id],
+                         resources.gpus)
+    if reason is None:
+        session.add(TrialSlotRow(owner_id=row.owner_id, study_id=study_id, trial=trial,
+                                 gpus=resources.gpus, devices=resources.devices,
+                                 started_at=now))
+    if reason != row.waiting_for:
+        session.execute(sa.update(StudyRow).where(StudyRow.id == study_id)
+                        .values(waiting_for=reason))
+    return reason
+
+
+def release(session: Session, study_id: int, trial: str, device_seconds: float,
+            now: dt.datetime | None = None) -> bool:
+    """Give back trial ``trial``'s slot and record its ``device_seconds`` as used by its
+    owner, ended at ``now``; False (nothing recorded) if it held none (swept already)."""
+    slot = session.execute(sa.select(TrialSlotRow).where(
+        TrialSlotRow.study_id == study_id, TrialSlotRow.trial == trial)).scalar()
+    if slot is None:
+        return False
+    session.delete(slot)
+    session.add(UsageEventRow(owner_id=slot.owner_id, ended_at=now or utcnow(),
+                              device_seconds=max(0.0, device_seconds)))
+    return True
+
+
+def sweep(session: Session, study_ids: Sequence[int] | None = None,
+          now: dt.datetime | None = None) -> int:
+    """Give back the slots of studies that no longer run (no longer RUNNING: ended,
+    requeued, deleted), or of the studies ``study_ids`` (taken over from a driver that is
+    gone), recording as used the time each slot was held until ``now``. Returns how many."""
+    now = now or utcnow()
+    where = (TrialSlotRow.study_id.in_(study_ids) if study_ids is not None else
+             ~TrialSlotRow.study_id.in_(sa.select(StudyRow.id)
+                                        .where(StudyRow.status == Status.RUNNING)))
+    slots = session.execute(sa.select(TrialSlotRow).where(where)).scalars().all()
+    for slot in slots:
+        held = max(0.0, (now - slot.started_at).total_seconds()) * slot.devices
+        session.add(UsageEventRow(owner_id=slot.owner_id, ended_at=now, device_seconds=held))
+        session.delete(slot)
+    return len(slots)
+
+
+class QuotaGate:
+    """The ``hpo.gate.TrialGate`` of one study's driver: its trials take their owner's
+    slots (:func:`acquire`, :func:`release`), each call in its own transaction.
+
+    Args:
+        sessions: a session factory on the service's engine.
+        study_id: the study's ``hpo_studies.id``.
+        claim: the driver's claim on the study (a driver that lost it takes no slot).
+    """
+
+    def __init__(self, sessions: sessionmaker, study_id: int, claim: str) -> None:
+        self.sessions, self.study_id, self.claim = sessions, study_id, claim
+
+    def sweep_own(self) -> int:
+        """Give back slots an earlier driver of the study left (it died holding them)."""
+        with self.sessions.begin() as session:
+            return sweep(session, [self.study_id])
+
+    def acquire(self, trial_id: str, resources: TrialResources) -> bool:
+        with self.sessions.begin() as session:
+            reason = acquire(session, self.study_id, self.claim, trial_id, resources)
+        if reason is not None:
+            log.debug("trial %s waits: %s", trial_id, reason)
+        return reason is None
+
+    def release(self, trial_id: str, device_seconds: float) -> None:
+        with self.sessions.begin() as session:
+            release(session, self.study_id, trial_id, device_seconds)
+
+    def clear_waiting(self) -> None:
+        """The study waits for nothing (its driver is ending)."""
+        with self.sessions.begin() as session:
+            session.execute(sa.update(StudyRow).where(StudyRow.id == self.study_id,
+                                                      StudyRow.waiting_for.is_not(None))
+                            .values(waiting_for=None))
+
+
+def _gpus_of(spec: dict) -> float:
+    try:
+        return TrialResources.of(load_stored(spec).resources).gpus
+    except Exception:  # noqa: BLE001 - a spec that no longer loads fails in its driver
+        return 0.0
+
+
+def pick_fair(session: Session, candidates: Sequence[Any],
+              now: dt.datetime | None = None) -> tuple[Any | None, dict[int, str | None]]:
+    """The queued study to start next, and why each other candidate may not start now.
+
+    Args:
+        candidates: rows with ``id``, ``owner_id``, ``created_at`` and ``spec`` (QUEUED
+            studies).
+
+    Returns:
+        The candidate of the owner holding the fewest slots, then with the fewest
+        device-seconds in the last 24 h, then the oldest, among those whose owner may
+        start one trial now (``None`` if none may); and ``{study id: reason}`` for the
+        candidates that may not (``None`` for those that may).
+    """
+    now = now or utcnow()
+    owners = {c.owner_id for c in candidates}
+    limits, use = limits_of(session, owners), use_of(session, owners, now)
+    reasons: dict[int, str | None] = {}
+    for c in candidates:
+        lim = limits[c.owner_id]
+        gpus = _gpus_of(c.spec) if lim.max_gpus is not None else 0.0
+        reasons[c.id] = refusal(lim, use[c.owner_id], gpus) if lim.any else None
+    free = [c for c in candidates if reasons[c.id] is None]
+    if not free:
+        return None, reasons
+    best = min(free, key=lambda c: (use[c.owner_id].running_trials,
+                                    use[c.owner_id].device_seconds_24h, c.created_at, c.id))
+    return best, reasons
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnerQuota:
+    """An owner's limits and current use (what a read of one of its studies shows)."""
+
+    limits: Limits
+    use: Use
+
+
+def quota_of(session: Session, owner_id: int | None,
+             now: dt.datetime | None = None) -> OwnerQuota:
+    """The limits and use of ``owner_id`` (``None``: studies without owner; no limits)."""
+    return OwnerQuota(limits_of(session, [owner_id])[owner_id],
+                      use_of(session, [owner_id], now)[owner_id])
+
+
+def owners_report(session: Session, now: dt.datetime | None = None
+                  ) -> dict[str, OwnerQuota]:
+    """By owner name (``(none)``: studies without owner): the limits and use of every owner
+    that has a quota, holds a slot or used device-seconds in the last 24 h (for
+    ``service.metrics``)."""
+    from service.db import TokenRow
+
+    now = now or utcnow()
+    ids = set(session.execute(sa.select(QuotaRow.owner_id)).scalars())
+    ids |= set(session.execute(sa.select(TrialSlotRow.owner_id).distinct()).scalars())
+    ids |= set(session.execute(sa.select(UsageEventRow.owner_id).distinct()
+                               .where(UsageEventRow.ended_at >= now - WINDOW)).scalars())
+    if not ids:
+        return {}
+    names = dict(session.execute(sa.select(TokenRow.id, TokenRow.name)
+                                 .where(TokenRow.id.in_([i for i in ids if i is not None]))
+                                 ).all())
+    limits, use = limits_of(session, ids), use_of(session, ids, now)
+    return {names.get(o, "(none)") if o is not None else "(none)": OwnerQuota(limits[o], use[o])
+            for o in ids}

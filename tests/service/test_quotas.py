@@ -1,0 +1,348 @@
+"""Per-owner quotas (issue 15.2): trial slots taken and given back, limits, waiting studies,
+the dispatcher, the study read, ``hpo status``, /metrics, and a real study under a quota."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from hpo.gate import TrialResources
+from service import quotas
+from service.app import create_app
+from service.auth import create_token
+from service.db import QuotaRow, Status, StudyRow, TokenRow, TrialSlotRow, UsageEventRow, utcnow
+from service.quotas import Limits, QuotaGate, Use, refusal
+from service.settings import Settings
+from tests.service.conftest import TestClient, bearer, tiny_spec
+from tests.service.test_dispatcher import RecordingDispatcher
+
+CPU = TrialResources(gpus=0.0, devices=1.0)
+GPU = TrialResources(gpus=1.0, devices=1.0)
+
+
+@pytest.fixture
+def world(db_url, tmp_path):
+    """An app on ``db_url`` (SQLite and PostgreSQL), tokens alice and bob, and helpers."""
+    settings = Settings(database_url=db_url, results_dir=tmp_path / "results",
+                        run_dispatcher=False, max_running_studies=2, warm_drivers=False)
+    app = create_app(settings)
+    c = app.state.components
+    tokens = {n: create_token(c.sessions, n) for n in ("alice", "bob")}
+    with TestClient(app) as client:
+        yield World(app, client, tokens, settings)
+
+
+class World:
+    def __init__(self, app, client, tokens, settings) -> None:
+        self.app, self.client, self.tokens, self.settings = app, client, tokens, settings
+        self.sessions = app.state.components.sessions
+        self.dispatchers: list[RecordingDispatcher] = []
+
+    def owner(self, name: str) -> int:
+        with self.sessions() as s:
+            return s.execute(sa.select(TokenRow.id).where(TokenRow.name == name)).scalar_one()
+
+    def quota(self, name: str, **limits) -> None:
+        with self.sessions.begin() as s:
+            s.merge(QuotaRow(owner_id=self.owner(name), **limits))
+
+    def submit(self, owner: str, name: str, **changes) -> None:
+        r = self.client.post("/v1/studies", json=tiny_spec(name, **changes),
+                             headers=bearer(self.tokens[owner]))
+        assert r.status_code == 201, r.text
+
+    def running(self, owner: str, name: str, **changes) -> QuotaGate:
+        """A study of ``owner`` made RUNNING under a claim, as a driver holds it; its gate."""
+        self.submit(owner, name, **changes)
+        with self.sessions.begin() as s:
+            row = s.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
+            row.status, row.claimed_by = Status.RUNNING, f"claim-{name}"
+            row.heartbeat_at = utcnow()  # its driver is alive
+            return QuotaGate(self.sessions, row.id, row.claimed_by)
+
+    def row(self, name: str) -> StudyRow:
+        with self.sessions() as s:
+            return s.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
+
+    def n_slots(self) -> int:
+        with self.sessions() as s:
+            return s.execute(sa.select(sa.func.count()).select_from(TrialSlotRow)).scalar_one()
+
+    def events(self) -> list[float]:
+        with self.sessions() as s:
+            return sorted(s.execute(sa.select(UsageEventRow.device_seconds)).scalars())
+
+    def use_event(self, name: str, seconds: float, hours_ago: float) -> None:
+        with self.sessions.begin() as s:
+            s.add(UsageEventRow(owner_id=self.owner(name), device_seconds=seconds,
+                                ended_at=utcnow() - dt.timedelta(hours=hours_ago)))
+
+    def dispatcher(self, **changes) -> RecordingDispatcher:
+        d = RecordingDispatcher(Settings(**{**self.settings.__dict__, **changes}),
+                                self.sessions, self.app.state.components.studies)
+        self.dispatchers.append(d)
+        return d
+
+
+@pytest.fixture
+def w(world):
+    yield world
+    for d in world.dispatchers:
+        d.kill_all()
+
+
+def test_refusal_names_the_limit_and_the_numbers():
+    use = Use(running_trials=1, gpus=1.0, device_seconds_24h=3600.0, device_seconds_total=7200)
+    assert refusal(Limits(), use, 1.0) is None
+    assert refusal(Limits(max_running_trials=1), use, 0.0) == \
+        "quota max_running_trials: 1 of 1 trials running"
+    assert refusal(Limits(max_running_trials=2), use, 0.0) is None
+    assert refusal(Limits(max_gpus=1.5), use, 1.0) == \
+        "quota max_gpus: 1 of 1.5 GPUs held, a trial needs 1"
+    assert refusal(Limits(max_gpus=1.5), use, 0.5) is None
+    assert refusal(Limits(max_gpus=1.5), use, 0.0) is None  # a CPU trial holds no GPU
+    assert refusal(Limits(device_seconds_per_day=3600), use, 0.0) == \
+        "quota device_seconds_per_day: 3600 of 3600 used in the last 24 h"
+    assert refusal(Limits(device_seconds_total=7201), use, 0.0) is None
+    assert refusal(Limits(device_seconds_total=7200), use, 0.0) == \
+        "quota device_seconds_total: 7200 of 7200 used"
+
+
+def test_running_trials_quota_waits_then_starts_as_the_other_trial_ends(w):
+    w.quota("alice", max_running_trials=1)
+    one, two = w.running("alice", "one"), w.running("alice", "two")
+    assert one.acquire("t1", CPU) is True
+    assert two.acquire("t2", CPU) is False
+    assert w.row("two").waiting_for == "quota max_running_trials: 1 of 1 trials running"
+    assert w.row("two").status == Status.RUNNING and w.n_slots() == 1
+    one.release("t1", 12.5)
+    assert w.events() == [12.5] and w.n_slots() == 0
+    assert two.acquire("t2", CPU) is True
+    assert w.row("two").waiting_for is None and w.n_slots() == 1
+
+
+def test_another_owner_is_not_held_by_alices_quota(w):
+    w.quota("alice", max_running_trials=1)
+    a, b = w.running("alice", "a"), w.running("bob", "b")
+    assert a.acquire("t1", CPU) is True
+    assert b.acquire("t1", CPU) is True and b.acquire("t2", CPU) is True
+    assert a.acquire("t2", CPU) is False
+
+
+def test_gpu_quota_sums_the_gpus_of_running_trials(w):
+    w.quota("alice", max_gpus=2.0)
+    g = w.running("alice", "g")
+    assert g.acquire("t1", GPU) and g.acquire("t2", GPU)
+    assert g.acquire("t3", GPU) is False
+    assert w.row("g").waiting_for == "quota max_gpus: 2 of 2 GPUs held, a trial needs 1"
+    assert g.acquire("cpu-trial", CPU) is True  # holds no GPU
+    g.release("t1", 1.0)
+    assert g.acquire("t3", GPU) is True
+
+
+def test_device_seconds_per_day_count_only_the_last_24_hours(w):
+    w.quota("alice", device_seconds_per_day=100.0)
+    w.use_event("alice", 500.0, hours_ago=25)  # out of the window
+    w.use_event("alice", 60.0, hours_ago=2)
+    d = w.running("alice", "d")
+    assert d.acquire("t1", CPU) is True
+    d.release("t1", 40.0)  # 60 + 40 = the limit
+    assert d.acquire("t2", CPU) is False
+    assert w.row("d").waiting_for == \
+        "quota device_seconds_per_day: 100 of 100 used in the last 24 h"
+    with w.sessions.begin() as s:  # time passes: the 60 s fall out of the window
+        s.execute(sa.update(UsageEventRow).where(UsageEventRow.device_seconds == 60.0)
+                  .values(ended_at=utcnow() - dt.timedelta(hours=24, seconds=1)))
+    assert d.acquire("t2", CPU) is True
+
+
+def test_device_seconds_total_counts_everything_and_running_trials_so_far(w):
+    w.quota("alice", device_seconds_total=1000.0)
+    w.use_event("alice", 990.0, hours_ago=100)
+    d = w.running("alice", "d")
+    assert d.acquire("t1", CPU) is True
+    with w.sessions.begin() as s:  # t1 has run for 20 s: 990 + 20 >= 1000
+        s.execute(sa.update(TrialSlotRow).values(started_at=utcnow() - dt.timedelta(
+            seconds=20)))
+    assert d.acquire("t2", CPU) is False
+    with w.sessions() as s:
+        use = quotas.use_of(s, [w.owner("alice")])[w.owner("alice")]
+    assert use.running_trials == 1 and 1010 <= use.device_seconds_total < 1020
+    assert 20 <= use.device_seconds_24h < 30
+
+
+def test_a_driver_that_lost_its_claim_takes_no_slot(w):
+    g = w.running("alice", "lost")
+    with w.sessions.begin() as s:
+        s.execute(sa.update(StudyRow).values(claimed_by="someone-else"))
+    assert g.acquire("t1", CPU) is False and w.n_slots() == 0
+
+
+def test_concurrent_drivers_of_one_owner_never_take_more_than_its_quota(w):
+    w.quota("alice", max_running_trials=2)
+    gates = [w.running("alice", f"c{i}") for i in range(4)]
+    barrier = threading.Barrier(8)
+    got: list[bool] = []
+
+    def take(gate: QuotaGate, trial: str) -> None:
+        barrier.wait()
+        got.append(gate.acquire(trial, CPU))
+
+    threads = [threading.Thread(target=take, args=(g, f"t{k}")) for g in gates for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == [False] * 6 + [True] * 2 and w.n_slots() == 2
+
+
+def test_sweep_gives_back_slots_of_studies_that_no_longer_run(w):
+    a, b = w.running("alice", "ended"), w.running("alice", "alive")
+    assert a.acquire("t1", CPU) and b.acquire("t1", CPU)
+    with w.sessions.begin() as s:
+        s.execute(sa.update(StudyRow).where(StudyRow.name == "ended")
+                  .values(status=Status.FAILED))
+        s.execute(sa.update(TrialSlotRow).values(started_at=utcnow() - dt.timedelta(
+            seconds=30)))
+    with w.sessions.begin() as s:
+        assert quotas.sweep(s) == 1
+    assert w.n_slots() == 1 and len(w.events()) == 1 and 30 <= w.events()[0] < 40
+    a.release("t1", 5.0)  # the dead driver's late release records nothing twice
+    assert len(w.events()) == 1
+
+
+def test_dispatcher_leaves_an_over_quota_owners_study_queued_and_starts_anothers(w):
+    w.quota("alice", max_running_trials=1)
+    assert w.running("alice", "busy").acquire("t1", CPU)
+    w.submit("alice", "a-waits")
+    w.submit("bob", "b-runs")
+    d = w.dispatcher()
+    d.run_once()
+    assert d.started == ["b-runs"]
+    row = w.row("a-waits")
+    assert row.status == Status.QUEUED
+    assert row.waiting_for == "quota max_running_trials: 1 of 1 trials running"
+    with w.sessions.begin() as s:  # alice's trial ends
+        quotas.release(s, w.row("busy").id, "t1", 3.0)
+    d.run_once()
+    assert d.started == ["b-runs", "a-waits"]
+    row = w.row("a-waits")
+    assert row.status == Status.RUNNING and row.waiting_for is None
+
+
+def test_taking_over_a_study_gives_back_its_dead_drivers_slots(w):
+    g = w.running("alice", "orphan")
+    assert g.acquire("t1", CPU)
+    with w.sessions.begin() as s:  # its driver stopped beating long ago
+        s.execute(sa.update(StudyRow).values(heartbeat_at=utcnow() - dt.timedelta(hours=1)))
+    d = w.dispatcher()
+    d.run_once()
+    assert d.started == ["orphan"] and w.n_slots() == 0 and len(w.events()) == 1
+
+
+def test_study_read_shows_the_owners_quota_and_use_and_what_it_waits_for(w):
+    w.quota("alice", max_running_trials=1, max_gpus=4.0)
+    g, h = w.running("alice", "q1"), w.running("alice", "q2")
+    assert g.acquire("t1", CPU) and not h.acquire("t1", CPU)
+    body = w.client.get("/v1/studies/q2", headers=bearer(w.tokens["alice"])).json()
+    assert body["waiting_for"] == "quota max_running_trials: 1 of 1 trials running"
+    assert body["quota"]["limits"] == {"max_running_trials": 1, "max_gpus": 4.0,
+                                       "device_seconds_per_day": None,
+                                       "device_seconds_total": None}
+    use = body["quota"]["use"]
+    assert use["running_trials"] == 1 and use["gpus"] == 0.0
+    assert 0 <= use["device_seconds_24h"] < 30
+    assert w.client.get("/v1/studies/q2", headers=bearer(w.tokens["bob"])).status_code == 404
+
+
+def test_metrics_show_limits_use_and_waiting_studies(w, monkeypatch):
+    w.quota("alice", max_running_trials=1)
+    g, h = w.running("alice", "m1"), w.running("alice", "m2")
+    assert g.acquire("t1", GPU) and not h.acquire("t1", CPU)
+    from service.metrics import StoreCollector
+
+    families = {f.name: f for f in StoreCollector(w.sessions).collect()}
+    samples = {(f, tuple(sorted(s.labels.items()))): s.value
+               for f, fam in families.items() for s in fam.samples}
+    assert samples[("hpo_quota_limit", (("limit", "max_running_trials"), ("owner", "alice")))
+                   ] == 1
+    assert samples[("hpo_owner_running_trials", (("owner", "alice"),))] == 1
+    assert samples[("hpo_owner_gpus_held", (("owner", "alice"),))] == 1.0
+    assert samples[("hpo_studies_waiting", ())] == 1
+
+
+def test_hpo_status_prints_the_quota_and_what_the_study_waits_for(w, monkeypatch, capsys):
+    from service import cli
+
+    w.quota("alice", max_running_trials=1)
+    g, h = w.running("alice", "s1"), w.running("alice", "s2")
+    assert g.acquire("t1", CPU) and not h.acquire("t1", CPU)
+    study = w.client.get("/v1/studies/s2", headers=bearer(w.tokens["alice"])).json()
+
+    class Client:
+        def study(self, name):
+            return study
+
+    monkeypatch.setattr(cli, "_client", lambda url, token: Client())
+    monkeypatch.setattr(cli.out, "width", 200, raising=False)
+    cli.status("s2")
+    text = capsys.readouterr().out
+    lines = {line.split(None, 1)[0] if not line.strip().startswith("waiting") else "waiting":
+             " ".join(line.split()) for line in text.splitlines() if line.strip()}
+    assert lines["waiting"] == "waiting for quota max_running_trials: 1 of 1 trials running"
+    assert lines["quota"] == "quota trials 1/1, GPUs 0/-, device-s 24h 0/-, total 0/-"
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_study_of_four_concurrent_trials_under_a_one_trial_quota_runs_one_at_a_time(
+        sqlite_url, tmp_path, monkeypatch):
+    from service import worker
+
+    monkeypatch.setattr(worker, "watch_for_interrupt", lambda event: None)  # no stdin here
+    settings = Settings(database_url=sqlite_url, results_dir=tmp_path / "results",
+                        run_dispatcher=False, warm_drivers=False, heartbeat_s=1.0)
+    app = create_app(settings)
+    c = app.state.components
+    token = create_token(c.sessions, "alice")
+    with c.sessions.begin() as s:
+        owner = s.execute(sa.select(TokenRow.id).where(TokenRow.name == "alice")).scalar_one()
+        s.add(QuotaRow(owner_id=owner, max_running_trials=1))
+    with TestClient(app) as client:
+        spec = tiny_spec("one-at-a-time", n_trials=4,
+                         budget={"n_trials": 4, "max_concurrent_trials": 4},
+                         resources={"cpus": 0.5})
+        assert client.post("/v1/studies", json=spec, headers=bearer(token)).status_code == 201
+    with c.sessions.begin() as s:
+        s.execute(sa.update(StudyRow).values(status=Status.RUNNING, claimed_by="c1"))
+    seen = {"slots": 0, "waiting": set()}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            with c.sessions() as s:
+                n = s.execute(sa.select(sa.func.count()).select_from(TrialSlotRow)).scalar_one()
+                seen["waiting"].add(s.execute(sa.select(StudyRow.waiting_for)).scalar_one())
+            seen["slots"] = max(seen["slots"], n)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        worker.drive(settings, c.sessions, "one-at-a-time", "c1")
+    finally:
+        done.set()
+        watcher.join()
+    with c.sessions() as s:
+        row = s.execute(sa.select(StudyRow)).scalar_one()
+        events = s.execute(sa.select(UsageEventRow.device_seconds)).scalars().all()
+        slots = s.execute(sa.select(sa.func.count()).select_from(TrialSlotRow)).scalar_one()
+    assert row.status == Status.COMPLETED and row.waiting_for is None, row.error
+    assert seen["slots"] == 1 and slots == 0
+    assert "quota max_running_trials: 1 of 1 trials running" in seen["waiting"]
+    assert len(events) == 4 and all(e > 0 for e in events)
+    body = TestClient(app).get("/v1/studies/one-at-a-time", headers=bearer(token)).json()
+    assert body["counts"]["complete"] == 4 and body["counts"]["failed"] == 0
