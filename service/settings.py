@@ -60,6 +60,15 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = _var("HPO_LOG_FORMAT", "text")
     auto_migrate: bool | None = _var("HPO_AUTO_MIGRATE", None)  # None: on SQLite only
     metrics_open: bool = _var("HPO_METRICS_OPEN", False)
+    # bounds on the costly options of a study created by a non-admin token (service.bounds)
+    max_trial_workers: int = _var("HPO_MAX_TRIAL_WORKERS", 8, ge=1, le=1024)
+    max_data_workers: int = _var("HPO_MAX_DATA_WORKERS", 8, ge=0, le=256)
+    max_micro_batch_size: int = _var("HPO_MAX_MICRO_BATCH_SIZE", 4096, ge=1, le=1 << 40)
+    max_model_parameters: int = _var("HPO_MAX_MODEL_PARAMETERS", 100_000_000, ge=1, le=10**15)
+    max_trials: int = _var("HPO_MAX_TRIALS", 1000, ge=1, le=100_000)
+    max_concurrent_trials: int = _var("HPO_MAX_CONCURRENT_TRIALS", 16, ge=1, le=1024)
+    max_search_parameters: int = _var("HPO_MAX_SEARCH_PARAMETERS", 32, ge=1, le=10_000)
+    max_search_choices: int = _var("HPO_MAX_SEARCH_CHOICES", 1000, ge=1, le=1_000_000)
 
     @field_validator("log_format", mode="before")
     @classmethod

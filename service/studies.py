@@ -24,11 +24,11 @@ from sqlalchemy.orm import sessionmaker
 
 from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
-from hpo.spec import StudySpec, WarmStartStudy, parse_spec
+from hpo.spec import StudySpec, WarmStartStudy
 from hpo.study import create_study
 from hpo.summary import StudySummary, TrialCounts
 from hpo.warmstart import warm_start_points
-from service import optuna_sql
+from service import bounds, optuna_sql
 from service.auth import Principal
 from service.db import ENDED, VISIBLE, Status, StudyRow, SummaryRow, TokenRow, utcnow
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
@@ -77,12 +77,14 @@ class StudyService:
         wrote (a new study has no trial yet), without reading the study back.
 
         Raises:
-            hpo.errors.SpecError: the spec is invalid (each field named), or names
-                a warm-start study the owner may not read.
+            hpo.errors.SpecError: the spec is invalid (each field named), over a
+                bound of :mod:`service.bounds` (a non-admin owner), or names a
+                warm-start study the owner may not read.
             StudyConflict: a study of that name exists (here or in Optuna).
         """
-        # the one parse: fields that name the training machines' files are for admins
-        spec = parse_spec(data, allow_paths=owner.is_admin)
+        # the one parse: fields that name the training machines' files, and options over
+        # the bounds on costly options (service.bounds), are for admins
+        spec = bounds.parse_bounded(data, owner, self.settings)
         self._check_warm_start(spec, owner)
         self._insert_creating(spec, owner)
         try:  # from here on, an Optuna study of this name is the one this call creates
