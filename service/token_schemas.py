@@ -19,19 +19,22 @@ MAX_EXPIRES_IN_S = 10 * 365 * 86400  # ten years
 
 
 class QuotaBody(BaseModel):
-    """An owner's limits; a limit that is absent or ``null`` is not set (no limit)."""
+    """An owner's limits; a limit that is absent or ``null`` is not set (no limit). Numbers
+    only: ``"2"`` or ``true`` are refused (422), not converted."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
-    max_running_trials: int | None = Field(None, ge=0, le=2**31 - 1,
+    max_running_trials: int | None = Field(None, strict=True, ge=0, le=2**31 - 1,
                                            description="trials running at once")
-    max_gpus: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False,
+    max_gpus: float | None = Field(None, strict=True, ge=0, le=1e9, allow_inf_nan=False,
                                    description="GPUs held at once (the sum of the running "
                                                "trials' resources.gpus)")
-    device_seconds_per_day: float | None = Field(None, ge=0, le=1e15, allow_inf_nan=False,
-                                                 description="device-seconds per rolling 24 h")
-    device_seconds_total: float | None = Field(None, ge=0, le=1e15, allow_inf_nan=False,
-                                               description="device-seconds in all")
+    device_seconds_per_day: float | None = Field(
+        None, strict=True, ge=0, le=1e15, allow_inf_nan=False,
+        description="device-seconds per rolling 24 h")
+    device_seconds_total: float | None = Field(
+        None, strict=True, ge=0, le=1e15, allow_inf_nan=False,
+        description="device-seconds in all")
 
     @classmethod
     def of(cls, quota: Quota) -> QuotaBody:
@@ -45,7 +48,7 @@ class TokenIn(BaseModel):
 
     name: str = Field(pattern=TOKEN_NAME_PATTERN, description="the token owner's name")
     role: Role = Field(Role.MEMBER, description="admin, member or viewer (reads only)")
-    expires_in_s: int | None = Field(None, ge=1, le=MAX_EXPIRES_IN_S,
+    expires_in_s: int | None = Field(None, strict=True, ge=1, le=MAX_EXPIRES_IN_S,
                                      description="seconds until it expires; default never")
 
 

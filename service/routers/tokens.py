@@ -29,6 +29,7 @@ CONFLICT = {409: {"model": ErrorBody, "description": "a token of that name exist
                                                      "token would revoke itself"}}
 READ = {**documented(401, 403, 422, 503)}
 WRITE = {**documented(401, 403, 408, 413, 422, 503)}
+BODY = {**WRITE, **documented(400)}  # a body that is not JSON
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="items to skip")]
 
@@ -53,7 +54,7 @@ def list_tokens(who: Admin, c: ComponentsDep, offset: Offset = 0,
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated,
-             responses={**WRITE, **CONFLICT})
+             responses={**BODY, **CONFLICT})
 def create(body: TokenIn, who: Admin, c: ComponentsDep, audit: AdminAuditDep,
            response: Response) -> TokenCreated:
     """Create a token; the answer carries its secret, which no later answer shows."""
@@ -93,7 +94,7 @@ def get_quota(name: TokenName, who: Admin, c: ComponentsDep) -> QuotaBody:
     return QuotaBody.of(store.get_token(c.sessions, name).quota)
 
 
-@router.put("/{name}/quota", response_model=QuotaBody, responses={**WRITE, **NO_TOKEN})
+@router.put("/{name}/quota", response_model=QuotaBody, responses={**BODY, **NO_TOKEN})
 def put_quota(name: TokenName, body: QuotaBody, who: Admin, c: ComponentsDep,
               audit: AdminAuditDep) -> QuotaBody:
     """Replace the owner's limits: a limit absent or ``null`` is cleared."""

@@ -170,6 +170,8 @@ def test_quotas_are_set_replaced_cleared_and_validated_over_rest(client, tokens,
     for body, loc in [({"max_gpus": -1}, "body.max_gpus"),
                       ({"max_running_trials": 1.5}, "body.max_running_trials"),
                       ({"device_seconds_total": "lots"}, "body.device_seconds_total"),
+                      ({"device_seconds_total": False}, "body.device_seconds_total"),
+                      ({"max_running_trials": "2"}, "body.max_running_trials"),
                       ({"max_cpus": 1}, "body.max_cpus")]:
         r = client.put("/v1/tokens/alice/quota", json=body, headers=admin)
         assert r.status_code == 422, body
