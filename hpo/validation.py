@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import trainers
+import trainers.fields
 from hpo.algorithms import MAX_COUNT
 from hpo.errors import SpecError, public_message
 from hpo.params import CategoricalParam, FloatParam, IntParam
@@ -140,6 +141,33 @@ def _try_create(task_cls: type[trainers.Task], params: dict[str, Any]
     return None
 
 
+class _ValueCheck:
+    """``_try_create(task_cls, {**config, name: value})`` for one value after another, on a
+    ``config`` that ``trainers.create`` accepted: only the dataclass that ``name`` belongs
+    to is built again (the other is the accepted one), about 14 us for a ``TrainConfig``
+    field and 4 us for a task option instead of 27 us."""
+
+    def __init__(self, task_cls: type[trainers.Task], config: dict[str, Any]) -> None:
+        self.task_cls = task_cls
+        self.config_names = {f.name for f in trainers.describe(trainers.TrainConfig)}
+        self.option_names = {f.name for f in task_cls.fields()}
+        self.config = {**task_cls.default_config,
+                       **{k: v for k, v in config.items() if k in self.config_names}}
+        self.options = {k: v for k, v in config.items() if k in self.option_names}
+
+    def __call__(self, name: str, value: Any) -> trainers.ConfigError | None:
+        try:
+            if name in self.option_names:  # as trainers.create: options, then the config
+                self.task_cls(trainers.fields.build(self.task_cls.Options,
+                                                    {**self.options, name: value}))
+            if name in self.config_names:
+                self.task_cls.check_config(trainers.fields.build(
+                    trainers.TrainConfig, {**self.config, name: value}))
+        except trainers.ConfigError as e:
+            return e
+        return None
+
+
 def out_of_range(info: trainers.FieldInfo, value: Any) -> str | None:
     """Why a number is too large for a training option (``None`` if it is not).
 
@@ -201,6 +229,7 @@ def _param_values(param) -> list[tuple[str, Any]]:
 def _check_search_space(spec: StudySpec, task_cls: type[trainers.Task],
                         fields: dict[str, trainers.FieldInfo]) -> list[dict]:
     errors = []
+    check = _ValueCheck(task_cls, spec.config)
     for name, param in spec.search_space.items():
         loc = f"search_space.{name}"
         if len(errors) >= MAX_ERRORS:
@@ -228,9 +257,9 @@ def _check_search_space(spec: StudySpec, task_cls: type[trainers.Task],
             continue
         for where, value in _param_values(param):
             if len(errors) >= MAX_ERRORS:
-                break  # the next parameter's turn says so
+                return [*errors, _unchecked("search_space")]
             why = out_of_range(fields[name], value)
-            e = None if why else _try_create(task_cls, {**spec.config, name: value})
+            e = None if why else check(name, value)
             if why or e is not None:
                 errors.append({"loc": f"{loc}.{where}", "msg": why or e.reason})
     return errors

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-import trainers
+import trainers.fields
 from hpo.errors import SpecError
 from hpo.spec import StudySpec, parse_spec
 from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS
@@ -26,20 +26,22 @@ def _errors(data, **kwargs) -> list[dict[str, str]]:
 
 
 @pytest.fixture
-def creates(monkeypatch) -> list[dict]:
-    """The parameters of every ``trainers.create`` call (the task's per-value checks)."""
-    calls: list[dict] = []
-    real = trainers.create
+def builds(monkeypatch) -> list[str]:
+    """The class of the configuration dataclass built for each value of the search space
+    (the one the value is a field of; ``trainers.create``, which checks the config itself,
+    binds its own ``build`` and is not counted)."""
+    calls: list[str] = []
+    real = trainers.fields.build
 
-    def counting(name, params=None):
-        calls.append(dict(params or {}))
-        return real(name, params)
+    def counting(cls, values):
+        calls.append(cls.__name__)
+        return real(cls, values)
 
-    monkeypatch.setattr(trainers, "create", counting)
+    monkeypatch.setattr(trainers.fields, "build", counting)
     return calls
 
 
-def test_a_bound_runs_on_the_valid_structure_before_any_task_check(creates):
+def test_a_bound_runs_on_the_valid_structure_before_any_task_check(builds):
     space = {"lr": {"type": "categorical", "choices": [i / 1000 for i in range(1, 1001)]}}
     seen = []
 
@@ -51,13 +53,13 @@ def test_a_bound_runs_on_the_valid_structure_before_any_task_check(creates):
     assert errors == [{"loc": "search_space", "msg": "too large"}]
     assert len(seen) == 1 and isinstance(seen[0], StudySpec)
     assert seen[0].search_space["lr"].choices[-1] == 1.0
-    assert creates == []  # not one of the 1000 values was built
+    assert builds == []  # not one of the 1000 values was built
 
 
-def test_without_a_bound_every_value_is_checked_against_the_task(creates):
+def test_without_a_bound_every_value_is_checked_against_the_task(builds):
     space = {"lr": {"type": "categorical", "choices": [i / 1000 for i in range(1, 101)]}}
     parse_spec({**BASE, "search_space": space})
-    assert len(creates) == 1 + 100  # the config, then one per choice
+    assert builds == ["TrainConfig"] * 100  # lr is a TrainConfig field
 
 
 def test_unknown_options_past_the_first_hundred_are_not_listed():
@@ -70,14 +72,17 @@ def test_unknown_options_past_the_first_hundred_are_not_listed():
                                                   f"{MAX_ERRORS} problems are listed"}
 
 
-def test_values_of_the_search_space_past_the_first_hundred_problems_are_not_checked(creates):
+def test_values_of_the_search_space_past_the_first_hundred_problems_are_not_checked(builds):
     # width must be in 1..512: choices 513..1000 are 488 problems
     space = {"width": {"type": "categorical", "choices": list(range(1, 1001))}}
     errors = _errors({**BASE, "search_space": space})
     assert [e["loc"] for e in errors[:2]] == ["search_space.width.choices.512",
                                               "search_space.width.choices.513"]
-    assert len(errors) == MAX_ERRORS
-    assert len(creates) == 1 + 512 + MAX_ERRORS  # the config, the good ones, 100 bad
+    assert len(errors) == MAX_ERRORS + 1
+    assert errors[-1] == {"loc": "search_space", "msg": f"not checked further: the first "
+                                                        f"{MAX_ERRORS} problems are listed"}
+    # width is an option of the task: its options with each good width and 100 bad ones
+    assert builds == ["DigitsOptions"] * (512 + MAX_ERRORS)
 
 
 def test_structural_problems_past_the_first_hundred_are_counted():
