@@ -11,7 +11,8 @@ One thread in the service process, every ``dispatch_interval_s``:
 3. gives back the trial slots (``service.quotas``) of studies that no longer run;
 4. claims QUEUED studies while fewer than ``max_running_studies`` drivers run here, by
    fair share (``service.quotas.pick_fair``): the study of the owner holding the fewest
-   trial slots, then with the fewest device-seconds in the last 24 h, then the oldest;
+   trial slots, then with the fewest device-seconds in the last 24 h, then with the fewest
+   running studies, then the oldest;
    a study whose owner is over a quota stays QUEUED with ``waiting_for`` set.
 
 A claim is a lease (``hpo.lease``) kept in the study's row: taken by one guarded

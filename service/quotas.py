@@ -21,7 +21,9 @@ no driver. Slots are given back as trials end; a dead driver's are swept
 
 Fair share (:func:`pick_fair`): of the queued studies that may start, the dispatcher starts
 the one whose owner holds the fewest slots, then has used the fewest device-seconds in
-the last 24 h, then the oldest.
+the last 24 h, then has the fewest RUNNING studies (a study claimed a moment ago holds no
+slot yet: without this, one round would start an owner's studies back to back), then the
+oldest.
 """
 
 from __future__ import annotations
@@ -270,13 +272,17 @@ def pick_fair(session: Session, candidates: Sequence[Any],
 
     Returns:
         The candidate of the owner holding the fewest slots, then with the fewest
-        device-seconds in the last 24 h, then the oldest, among those whose owner may
+        device-seconds in the last 24 h, then with the fewest RUNNING studies, then the
+        oldest, among those whose owner may
         start one trial now (``None`` if none may); and ``{study id: reason}`` for the
         candidates that may not (``None`` for those that may).
     """
     now = now or utcnow()
     owners = {c.owner_id for c in candidates}
     limits, use = limits_of(session, owners), use_of(session, owners, now)
+    studies = dict(session.execute(sa.select(StudyRow.owner_id, sa.func.count())
+                                   .where(StudyRow.status == Status.RUNNING)
+                                   .group_by(StudyRow.owner_id)).all())
     reasons: dict[int, str | None] = {}
     for c in candidates:
         lim = limits[c.owner_id]
@@ -286,7 +292,8 @@ def pick_fair(session: Session, candidates: Sequence[Any],
     if not free:
         return None, reasons
     best = min(free, key=lambda c: (use[c.owner_id].running_trials,
-                                    use[c.owner_id].device_seconds_24h, c.created_at, c.id))
+                                    use[c.owner_id].device_seconds_24h,
+                                    studies.get(c.owner_id, 0), c.created_at, c.id))
     return best, reasons
 
 

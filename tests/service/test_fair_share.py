@@ -93,3 +93,13 @@ def test_with_nothing_held_or_used_the_oldest_study_goes_first(w):
     w.submit("alice", "a-new")
     d.run_once()
     assert d.started == ["b-old"]
+
+
+def test_in_one_round_an_owner_with_a_study_just_started_waits_for_the_others(w):
+    d = w.dispatcher(max_running_studies=3)
+    w.submit("alice", "a1")
+    w.submit("alice", "a2")
+    w.submit("bob", "b1")
+    w.submit("alice", "a3")
+    d.run_once()  # a1 holds no slot yet when the round picks again
+    assert d.started == ["a1", "b1", "a2"]
