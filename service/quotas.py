@@ -237,15 +237,26 @@ class QuotaGate:
             return sweep(session, [self.study_id])
 
     def acquire(self, trial_id: str, resources: TrialResources) -> bool:
-        with self.sessions.begin() as session:
-            reason = acquire(session, self.study_id, self.claim, trial_id, resources)
+        """Take a slot; False while over quota, and on a database error (the trial waits and
+        is asked for again: an outage never fails the study)."""
+        try:
+            with self.sessions.begin() as session:
+                reason = acquire(session, self.study_id, self.claim, trial_id, resources)
+        except sa.exc.SQLAlchemyError as e:
+            log.warning("trial %s waits: the quota could not be read: %s", trial_id, e)
+            return False
         if reason is not None:
             log.debug("trial %s waits: %s", trial_id, reason)
         return reason is None
 
     def release(self, trial_id: str, device_seconds: float) -> None:
-        with self.sessions.begin() as session:
-            release(session, self.study_id, trial_id, device_seconds)
+        """Give the slot back; on a database error it stays until the study's slots are
+        swept (when it no longer runs, or the next driver of the study starts)."""
+        try:
+            with self.sessions.begin() as session:
+                release(session, self.study_id, trial_id, device_seconds)
+        except sa.exc.SQLAlchemyError as e:
+            log.warning("trial %s: its quota slot could not be given back: %s", trial_id, e)
 
     def clear_waiting(self) -> None:
         """The study waits for nothing (its driver is ending)."""

@@ -109,3 +109,17 @@ def test_pbt_population_respects_the_gate_and_gives_every_slot_back(sqlite_url, 
     trials = optuna.load_study(study_name=spec.name, storage=sqlite_url).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
     assert gate.most_held == 1 and len(gate.granted) == 3 and gate.held == set()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_hyperband_under_a_one_slot_gate_finishes_every_trial(sqlite_url, tmp_path):
+    """A paused trial keeps its slot; Ray's Hyperband must not wait forever for bracket
+    members that the gate has not let in yet."""
+    gate = CountingGate(1)
+    spec = toy_spec("gated-hyperband", scheduler={"name": "hyperband", "max_t": 12,
+                                                  "reduction_factor": 2},
+                    budget={"n_trials": 4, "max_concurrent_trials": 4},
+                    resources={"cpus": 0.5})
+    out = run_study(spec, sqlite_url, results_dir=tmp_path / "ray", gate=gate)
+    assert out.counts.finished == 4 and out.counts.failed == 0 and out.counts.running == 0
+    assert gate.most_held == 1 and gate.held == set()

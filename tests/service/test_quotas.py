@@ -346,3 +346,17 @@ def test_a_study_of_four_concurrent_trials_under_a_one_trial_quota_runs_one_at_a
     assert len(events) == 4 and all(e > 0 for e in events)
     body = TestClient(app).get("/v1/studies/one-at-a-time", headers=bearer(token)).json()
     assert body["counts"]["complete"] == 4 and body["counts"]["failed"] == 0
+
+
+def test_a_database_error_makes_the_trial_wait_not_fail(w, monkeypatch):
+    g = w.running("alice", "outage")
+
+    def down(*args, **kwargs):
+        raise sa.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(quotas, "acquire", down)
+    assert g.acquire("t1", CPU) is False
+    monkeypatch.setattr(quotas, "release", down)
+    g.release("t1", 1.0)  # logged, not raised
+    monkeypatch.undo()
+    assert g.acquire("t1", CPU) is True
