@@ -322,7 +322,7 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
             (:func:`hpo.validation.check_paths`); a service lets only admins.
         bound: called with the structurally valid spec before the task's checks,
             which build the training configuration once per value of the search
-            space (about 20 us each): a caller's limits on the spec's size (it
+            space (4 to 14 us each): a caller's limits on the spec's size (it
             raises ``SpecError`` to refuse) hold before that work starts.
 
     Raises:

@@ -20,7 +20,7 @@ Admin tokens are not bounded.
 
 The size and option bounds are checked on the structurally valid spec, before the task's
 checks (which build the training configuration once per value of the search space, about
-20 us each), so that a refusal costs milliseconds whatever the body's size; the model's
+4 to 14 us each), so that a refusal costs milliseconds whatever the body's size; the model's
 size is counted last, on a spec the task accepted, without building the model
 (:meth:`trainers.Task.parameter_count`).
 """
