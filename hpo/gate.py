@@ -123,6 +123,7 @@ class GateKeeper:
         started = self.held.pop(key, None)
         if started is None or self.gate is None:
             return
+        self.refused_at = None  # a slot is free now: the next ask need not wait
         self.gate.release(key, max(0.0, self.clock() - started) * self.resources.devices)
 
     def release_all(self) -> None:

@@ -63,11 +63,15 @@ def test_keeper_asks_again_only_after_its_retry_pause_and_counts_device_seconds(
     assert keeper.acquire("b") is True
     key = keeper.new_key()
     assert keeper.acquire(key) is False  # refused: b holds the only slot
-    clock.now += 1.0
+    clock.now += 0.5
+    keeper.release("b")
+    assert gate.released == [("a", 6.0), ("b", 1.0)]
+    assert keeper.acquire(key) is True  # within 1 s, but asked: b's slot was just given back
+    clock.now += 2.0
     keeper.release_all()
-    assert gate.released == [("a", 6.0), ("b", 2.0)] and keeper.n_held == 0
+    assert gate.released == [("a", 6.0), ("b", 1.0), (key, 4.0)] and keeper.n_held == 0
     keeper.release("b")  # twice: nothing more
-    assert len(gate.released) == 2
+    assert len(gate.released) == 3
 
 
 def test_keeper_without_gate_lets_everything_start():

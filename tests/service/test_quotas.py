@@ -360,3 +360,54 @@ def test_a_database_error_makes_the_trial_wait_not_fail(w, monkeypatch):
     g.release("t1", 1.0)  # logged, not raised
     monkeypatch.undo()
     assert g.acquire("t1", CPU) is True
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_server_leaks_no_slot_and_the_study_finishes_under_its_quota(
+        server_process, sqlite_url):
+    import os
+    import signal
+
+    import httpx
+
+    from service.db import build_engine, create_tables, session_factory
+    from tests.service.conftest import wait_for
+
+    engine = build_engine(sqlite_url)
+    create_tables(engine)
+    sessions = session_factory(engine)
+    token = create_token(sessions, "alice")
+    with sessions.begin() as s:
+        owner = s.execute(sa.select(TokenRow.id).where(TokenRow.name == "alice")).scalar_one()
+        s.add(QuotaRow(owner_id=owner, max_running_trials=1))
+
+    def count(model) -> int:
+        with sessions() as s:
+            return s.execute(sa.select(sa.func.count()).select_from(model)).scalar_one()
+
+    server = server_process(sqlite_url)
+    server.start()
+    spec = tiny_spec("quota-kill", n_trials=4, budget={"n_trials": 4, "max_concurrent_trials": 4},
+                     config={"max_epochs": 4, "micro_batch_size": 64, "width": 16},
+                     resources={"cpus": 0.5})
+    url = f"{server.url}/v1/studies"
+    assert httpx.post(url, json=spec, headers=bearer(token), timeout=30).status_code == 201
+
+    def study() -> dict:
+        return httpx.get(f"{url}/quota-kill", headers=bearer(token), timeout=30).json()
+
+    waiting = wait_for(lambda: study()["waiting_for"], what="the study to wait for its quota")
+    assert waiting == "quota max_running_trials: 1 of 1 trials running"
+    assert study()["status"] == "RUNNING" and study()["quota"]["use"]["running_trials"] == 1
+    wait_for(lambda: count(TrialSlotRow) == 1, interval_s=0.05, what="a trial holding its slot")
+    os.kill(server.proc.pid, signal.SIGKILL)  # its driver dies with it (die_with_parent)
+    server.proc.wait()
+    assert count(TrialSlotRow) == 1  # the killed driver's slot, until the sweep
+    server.start()
+    body = wait_for(lambda: (lambda b: b if b["status"] in ("COMPLETED", "FAILED") else None)(
+        study()), what="the study to finish")
+    assert body["status"] == "COMPLETED", body["error"]
+    assert body["progress"]["finished"] == 4 and body["waiting_for"] is None
+    assert body["quota"]["use"]["running_trials"] == 0 and count(TrialSlotRow) == 0
+    assert count(UsageEventRow) >= 4
+    engine.dispose()
