@@ -13,7 +13,11 @@ One thread in the service process, every ``dispatch_interval_s``:
    fair share (``service.quotas.pick_fair``): the study of the owner holding the fewest
    trial slots, then with the fewest device-seconds in the last 24 h, then with the fewest
    running studies, then the oldest;
-   a study whose owner is over a quota stays QUEUED with ``waiting_for`` set.
+   a study whose owner is over a quota stays QUEUED with ``waiting_for`` set;
+5. when every driver is taken and a queued study may start, requeues (``interrupt``) one
+   study driven here that has waited for its quota for ``PREEMPT_AFTER_S`` holding no
+   trial slot: a study waiting for its owner's device-seconds would otherwise hold a driver
+   for up to a day while other owners queue.
 
 A claim is a lease (``hpo.lease``) kept in the study's row: taken by one guarded
 update (``... WHERE status = 'QUEUED' AND claimed_by = <what was read>``, or ``WHERE
@@ -41,7 +45,7 @@ from sqlalchemy.orm import sessionmaker
 
 from hpo.lease import holder_gone, take, while_held
 from service import quotas
-from service.db import Status, StudyRow, utcnow
+from service.db import Status, StudyRow, TrialSlotRow, utcnow
 from service.driver_process import CLAIMS, DriverPool, DriverProcess
 from service.settings import Settings
 from service.studies import StudyService
@@ -52,6 +56,7 @@ LOG_NAME = "service-driver.log"
 SHUTDOWN_GRACE_S = 30.0
 CREATING_GRACE_S = 60.0
 FAIR_CANDIDATES = 500  # the oldest QUEUED studies weighed by fair share in one round
+PREEMPT_AFTER_S = 10.0  # a study driven here that waits this long with no slot may be requeued
 
 
 class Dispatcher:
@@ -79,6 +84,7 @@ class Dispatcher:
         # for service.metrics: when the last round ended (time.monotonic), drivers started
         # for a study that had run before (requeued or taken over), and of those, takeovers
         self.last_round_at: float | None = None
+        self._waiting_since: dict[str, float] = {}  # studies driven here waiting for a quota
         self.restarts = 0
         self.takeovers = 0
 
@@ -149,6 +155,8 @@ class Dispatcher:
         while len(self.drivers) < self.settings.max_running_studies:
             if not self.claim_queued():
                 break
+        if len(self.drivers) >= self.settings.max_running_studies:
+            self.preempt_waiting()
         if not self.drivers:  # warm the next driver only while idle: its imports take
             self.pool.keep_warm()  # CPU seconds that running trials would miss
 
@@ -177,6 +185,36 @@ class Dispatcher:
             return False
         self._claim(row.name, row.claimed_by, Status.QUEUED)
         return True
+
+    def preempt_waiting(self) -> str | None:
+        """Requeue (``interrupt``) the study driven here that has waited longest for its
+        quota holding no trial slot, once it has waited ``PREEMPT_AFTER_S`` seconds and a
+        queued study may start (``quotas.pick_fair``); its name, or ``None``."""
+        with self.sessions() as session:
+            held = sa.select(TrialSlotRow.study_id)
+            waiting = dict(session.execute(sa.select(StudyRow.name, StudyRow.owner_id).where(
+                StudyRow.name.in_(list(self.drivers)), StudyRow.status == Status.RUNNING,
+                StudyRow.waiting_for.is_not(None), ~StudyRow.id.in_(held))).all())
+        now = time.monotonic()
+        self._waiting_since = {n: self._waiting_since.get(n, now) for n in waiting}
+        ripe = sorted((since, n) for n, since in self._waiting_since.items()
+                      if now - since >= PREEMPT_AFTER_S)
+        if not ripe:
+            return None
+        with self.sessions() as session:
+            rows = session.execute(
+                sa.select(StudyRow.id, StudyRow.owner_id, StudyRow.created_at, StudyRow.spec)
+                .where(StudyRow.status == Status.QUEUED)
+                .order_by(StudyRow.created_at, StudyRow.id).limit(FAIR_CANDIDATES)).all()
+            pick, _ = quotas.pick_fair(session, rows)
+        if pick is None:
+            return None
+        name = ripe[0][1]
+        del self._waiting_since[name]
+        log.info("study %s: requeued, it waits for its quota while a queued study may start",
+                 name)
+        self.drivers[name].interrupt()
+        return name
 
     def abandoned(self) -> list[tuple[str, str | None]]:
         """RUNNING studies not driven from here whose driver is gone: ``(name, claim)``

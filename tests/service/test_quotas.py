@@ -411,3 +411,35 @@ def test_kill_9_of_the_server_leaks_no_slot_and_the_study_finishes_under_its_quo
     assert body["quota"]["use"]["running_trials"] == 0 and count(TrialSlotRow) == 0
     assert count(UsageEventRow) >= 4
     engine.dispose()
+
+
+def test_a_study_waiting_for_its_quota_gives_its_driver_up_to_a_queued_study(w, monkeypatch):
+    from service import dispatcher as dispatcher_module
+    from service.worker import finish
+
+    monkeypatch.setattr(dispatcher_module, "PREEMPT_AFTER_S", 0.0)
+    d = w.dispatcher(max_running_studies=1)
+    w.submit("alice", "a-wait")
+    d.run_once()
+    w.quota("alice", device_seconds_per_day=10.0)
+    w.use_event("alice", 20.0, hours_ago=1)
+    row = w.row("a-wait")
+    assert QuotaGate(w.sessions, row.id, row.claimed_by).acquire("t1", CPU) is False
+    interrupted: list[str] = []
+    d.drivers["a-wait"].interrupt = lambda: interrupted.append("a-wait")
+    d.run_once()
+    assert interrupted == []  # nothing queued could use the driver
+    w.submit("alice", "a-queued")  # alice's own: over the same quota, cannot start either
+    d.run_once()
+    assert interrupted == []
+    w.submit("bob", "b1")
+    d.run_once()
+    assert interrupted == ["a-wait"]
+    finish(w.sessions, "a-wait", row.claimed_by, Status.QUEUED)  # the driver requeues it
+    d.drivers["a-wait"].proc.kill()
+    d.drivers["a-wait"].proc.wait()
+    d.run_once()
+    assert d.started == ["a-wait", "b1"]
+    row = w.row("a-wait")
+    assert row.status == Status.QUEUED
+    assert row.waiting_for == "quota device_seconds_per_day: 20 of 10 used in the last 24 h"
