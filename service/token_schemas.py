@@ -6,9 +6,9 @@ A token's secret appears in exactly one answer, :class:`TokenCreated` (``POST
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.auth import TOKEN_NAME_PATTERN
 from service.db import AuditRow, Role
@@ -18,21 +18,33 @@ from service.tokens import Quota, TokenInfo
 MAX_EXPIRES_IN_S = 10 * 365 * 86400  # ten years
 
 
+def _json_number(value: Any) -> Any:
+    """``value`` when it is a JSON number or null: pydantic's lax mode would take ``true`` as
+    1 and ``"2"`` as 2, and its strict mode refuses ``2.0`` for an integer (JSON Schema's
+    integers include it)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ValueError("must be a number")
+    return value
+
+
+NUMBER = BeforeValidator(_json_number)
+
+
 class QuotaBody(BaseModel):
     """An owner's limits; a limit that is absent or ``null`` is not set (no limit). Numbers
     only: ``"2"`` or ``true`` are refused (422), not converted."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
-    max_running_trials: int | None = Field(None, strict=True, ge=0, le=2**31 - 1,
+    max_running_trials: Annotated[int | None, NUMBER] = Field(None, ge=0, le=2**31 - 1,
                                            description="trials running at once")
-    max_gpus: float | None = Field(None, strict=True, ge=0, le=1e9, allow_inf_nan=False,
+    max_gpus: Annotated[float | None, NUMBER] = Field(None, ge=0, le=1e9, allow_inf_nan=False,
                                    description="GPUs held at once (the sum of the running "
                                                "trials' resources.gpus)")
-    device_seconds_per_day: float | None = Field(
+    device_seconds_per_day: Annotated[float | None, NUMBER] = Field(
         None, strict=True, ge=0, le=1e15, allow_inf_nan=False,
         description="device-seconds per rolling 24 h")
-    device_seconds_total: float | None = Field(
+    device_seconds_total: Annotated[float | None, NUMBER] = Field(
         None, strict=True, ge=0, le=1e15, allow_inf_nan=False,
         description="device-seconds in all")
 
@@ -48,7 +60,7 @@ class TokenIn(BaseModel):
 
     name: str = Field(pattern=TOKEN_NAME_PATTERN, description="the token owner's name")
     role: Role = Field(Role.MEMBER, description="admin, member or viewer (reads only)")
-    expires_in_s: int | None = Field(None, strict=True, ge=1, le=MAX_EXPIRES_IN_S,
+    expires_in_s: Annotated[int | None, NUMBER] = Field(None, ge=1, le=MAX_EXPIRES_IN_S,
                                      description="seconds until it expires; default never")
 
 
