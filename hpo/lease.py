@@ -182,10 +182,16 @@ def release(engine: sa.Engine, name: str, holder: str) -> bool:
             LEASES.c.holder: None, LEASES.c.pid: None}) is not None
 
 
+_HAS_LEASES: set[str] = set()  # databases (URLs) where hpo_leases is known to exist
+
+
 def forget(conn: sa.Connection, name: str) -> None:
     """Remove the lease ``name`` if no one holds it (its study was deleted); a held one
     stays until released or stale. Nothing when ``hpo_leases`` was never made."""
-    if sa.inspect(conn).has_table(LEASES.name):
+    url = conn.engine.url.render_as_string()
+    if url not in _HAS_LEASES and sa.inspect(conn).has_table(LEASES.name):
+        _HAS_LEASES.add(url)  # tables are never dropped under a running process
+    if url in _HAS_LEASES:
         conn.execute(sa.delete(LEASES).where(LEASES.c.name == name, LEASES.c.holder.is_(None)))
 
 

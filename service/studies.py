@@ -26,7 +26,7 @@ from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
 from hpo.spec import StudySpec, WarmStartStudy
 from hpo.study import create_study
-from hpo.summary import StudySummary, TrialCounts
+from hpo.summary import StudySummary, TrialCounts, devices_held
 from hpo.warmstart import warm_start_points
 from service import bounds, optuna_sql
 from service.auth import Principal
@@ -89,7 +89,7 @@ class StudyService:
         self._insert_creating(spec, owner)
         try:  # from here on, an Optuna study of this name is the one this call creates
             optuna_id = create_study(spec, self.storage)
-            row = self._queue(spec.name)
+            row = self._queue(spec, optuna_id)
             self.on_queued()
         except StudyExistsError as e:  # an Optuna study of that name, made outside the service
             self.undo_create(spec.name, delete_optuna=False)
@@ -124,20 +124,25 @@ class StudyService:
             except sqlalchemy.exc.IntegrityError:
                 raise StudyConflict(f"a study named {spec.name!r} exists already") from None
 
-    def _queue(self, name: str) -> StudyRow:
-        """CREATING -> QUEUED; the row as stored then.
+    def _queue(self, spec: StudySpec, optuna_id: int) -> StudyRow:
+        """CREATING -> QUEUED, with the new study's summary (no trials yet) in the same
+        transaction, so that no read of a queued study computes one; the row as stored then.
 
         Raises:
             StudyConflict: the row is gone (a start-up's clean-up of old creates took it).
         """
         with self.sessions.begin() as session:
             row = session.execute(
-                sa.update(StudyRow).where(StudyRow.name == name,
+                sa.update(StudyRow).where(StudyRow.name == spec.name,
                                           StudyRow.status == Status.CREATING)
                 .values(status=Status.QUEUED, updated_at=utcnow()).returning(StudyRow)
             ).scalar_one_or_none()
+            if row is not None:
+                store_summary(session, row.id, StudySummary(
+                    optuna_study_id=optuna_id, n_objectives=len(spec.objectives),
+                    devices_held=devices_held(spec.resources)))
         if row is None:
-            raise StudyConflict(f"study {name!r} was removed while it was being created")
+            raise StudyConflict(f"study {spec.name!r} was removed while it was being created")
         return row
 
     def undo_create(self, name: str, *, delete_optuna: bool) -> None:
@@ -185,7 +190,9 @@ class StudyService:
         Raises:
             StudyNotFound: no such study, or not one ``who`` may see.
         """
-        row, owner = self._get(who, name, read=True)
+        return self._view(*self._get(who, name, read=True))
+
+    def _view(self, row: StudyRow, owner: str | None) -> StudyView:
         with self.sessions() as session:
             summary = read_summaries(session, [row.id]).get(row.id)
             quota = quota_of(session, row.owner_id)
@@ -255,13 +262,14 @@ class StudyService:
             StudyNotFound: no such study, or not one ``who`` controls.
             StudyConflict: the study has already ended.
         """
-        self._get(who, name, read=False)
-        stopped = self._transition(name, (Status.QUEUED,), status=Status.STOPPED,
-                                   stop_requested=True, ended_at=utcnow())
-        if not stopped and not self._transition(name, (Status.RUNNING,), stop_requested=True):
+        _, owner = self._get(who, name, read=False)
+        row = (self._transition(name, (Status.QUEUED,), status=Status.STOPPED,
+                                stop_requested=True, ended_at=utcnow())
+               or self._transition(name, (Status.RUNNING,), stop_requested=True))
+        if row is None:
             row, _ = self._get(who, name, read=False)
             raise StudyConflict(f"study {name!r} has already ended ({row.status})")
-        return self.view(who, name)
+        return self._view(row, owner)
 
     def delete(self, who: Principal, name: str) -> None:
         """Delete a study that is not running: its row, its Optuna study and trials, its results.
@@ -271,7 +279,7 @@ class StudyService:
             StudyConflict: the study is RUNNING (stop it first).
         """
         self._get(who, name, read=False)
-        if not self._transition(name, (Status.QUEUED, *ENDED), status=Status.DELETING):
+        if self._transition(name, (Status.QUEUED, *ENDED), status=Status.DELETING) is None:
             raise StudyConflict(f"study {name!r} is running: stop it first")
         self.purge(name)
 
@@ -308,13 +316,14 @@ class StudyService:
             raise StudyNotFound(f"no study named {name!r}")
         return found[0], found[1]
 
-    def _transition(self, name: str, from_states: tuple[Status, ...], **values) -> bool:
-        """Set ``values`` on the study if its status is one of ``from_states``; True if it was."""
+    def _transition(self, name: str, from_states: tuple[Status, ...],
+                    **values) -> StudyRow | None:
+        """Set ``values`` on the study if its status is one of ``from_states``: the row as
+        updated, or None if its status was not."""
         with self.sessions.begin() as session:
-            result = session.execute(sa.update(StudyRow).where(
+            return session.execute(sa.update(StudyRow).where(
                 StudyRow.name == name, StudyRow.status.in_(from_states)).values(
-                updated_at=utcnow(), **values))
-        return result.rowcount == 1
+                updated_at=utcnow(), **values).returning(StudyRow)).scalar_one_or_none()
 
     def _delete_optuna_study(self, name: str) -> None:
         with contextlib.suppress(KeyError):

@@ -55,6 +55,33 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def record_summary(app, name: str, summary=None) -> None:
+    """Replace study ``name``'s summary as its driver's tracker would after its trials
+    changed (``summary``, default computed from the Optuna study): for tests that write
+    trials into Optuna behind the service's back, standing in for the study's driver."""
+    from service.db import StudyRow, SummaryRow
+    from service.summaries import compute_summary, store_summary
+
+    c = app.state.components
+    with c.sessions.begin() as session:
+        row = session.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
+        session.execute(sa.delete(SummaryRow).where(SummaryRow.study_id == row.id))
+        store_summary(session, row.id, summary or compute_summary(c.studies.storage, row))
+
+
+def forget_summary(app, name: str | None = None) -> None:
+    """Remove the summary of study ``name`` (default: of every study), as for a study made
+    before the service kept summaries."""
+    from service.db import StudyRow, SummaryRow
+
+    gone = sa.delete(SummaryRow)
+    if name is not None:
+        gone = gone.where(SummaryRow.study_id.in_(
+            sa.select(StudyRow.id).where(StudyRow.name == name)))
+    with app.state.components.sessions.begin() as session:
+        session.execute(gone)
+
+
 # -- databases --------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from hpo.spec import StudySpec
 from service.app import create_app
 from service.settings import Settings
-from tests.service.conftest import bearer, tiny_spec
+from tests.service.conftest import bearer, record_summary, tiny_spec
 
 # every API path (one concrete address each) and the methods it takes (HEAD only where declared)
 ROUTES = {
@@ -190,6 +190,7 @@ def test_every_datetime_in_every_answer_is_utc_also_under_a_local_time_zone(
     done.report(0.5, 1)
     study.tell(done, 0.9)
     study.ask(dist)  # RUNNING: a start, no end
+    record_summary(app, "s")
     answers = {
         "create": created, "list": client.get("/v1/studies", headers=alice),
         "view": client.get("/v1/studies/s", headers=alice),

@@ -15,7 +15,7 @@ import pytest
 
 from service.app import create_app
 from service.dashboard import ALLOWED, REFUSED, Access
-from tests.service.conftest import TestClient, bearer, tiny_spec
+from tests.service.conftest import TestClient, bearer, record_summary, tiny_spec
 
 ALICE_STUDY = "alice-secret-study"  # a name that appears nowhere else in any answer
 BOB_STUDY = "bob-own-study"
@@ -42,6 +42,7 @@ def studies(client, tokens, app) -> dict[str, int]:
         study = optuna.load_study(study_name=name, storage=storage)
         trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
         study.tell(trial, 0.5)
+        record_summary(app, name)
         ids[name] = study._study_id
         ids[f"{name}/trial"] = trial._trial_id
     return ids
@@ -255,6 +256,7 @@ def test_a_study_with_infinite_and_nan_values_renders_in_the_dashboard_api_and_r
     trial = study.ask(dist)
     trial.report(float("-inf"), 1)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    record_summary(app, "inf")
     sid = storage.get_study_id_from_name("inf")
     detail = client.get(f"/api/studies/{sid}", headers=h)
     assert detail.status_code == 200

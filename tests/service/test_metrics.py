@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hpo.summary import StudySummary, TrialCounts
 from service.app import create_app
-from service.db import StudyRow, SummaryRow
-from tests.service.conftest import bearer, tiny_spec
+from service.db import StudyRow
+from tests.service.conftest import bearer, record_summary, tiny_spec
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -34,12 +34,8 @@ def test_metrics_need_an_admin_token_unless_open(client, tokens, settings):
 
 
 def _summarize(client, name: str, counts: TrialCounts, seconds: float) -> None:
-    sessions = client.app.state.components.sessions
-    with sessions.begin() as session:
-        study_id = session.execute(sa.select(StudyRow.id).where(StudyRow.name == name)).scalar()
-        session.add(SummaryRow(study_id=study_id, summary=StudySummary(
-            optuna_study_id=None, n_objectives=1, counts=counts,
-            device_seconds_finished=seconds).to_json()))
+    record_summary(client.app, name, StudySummary(
+        optuna_study_id=None, n_objectives=1, counts=counts, device_seconds_finished=seconds))
 
 
 def _set_status(client, name: str, status: str) -> None:

@@ -21,11 +21,9 @@ from optuna.trial import TrialState
 
 from service.app import create_app
 from service.auth import create_token
-from service.db import StudyRow
 from service.schemas import TrialOut
 from service.settings import Settings
-from service.summaries import compute_summary, store_summary
-from tests.service.conftest import bearer, tiny_spec
+from tests.service.conftest import bearer, record_summary, tiny_spec
 
 SIZES = (20, 520)
 DISTS = {"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)}
@@ -76,10 +74,7 @@ def _fill(storage, name: str, n: int, objectives: int) -> optuna.Study:
 def _summarize(app, name: str) -> None:
     """Store the summary the study's driver would have kept (the trials here are written
     behind the service's back, without a driver)."""
-    c = app.state.components
-    with c.sessions.begin() as session:
-        row = session.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
-        store_summary(session, row.id, compute_summary(c.studies.storage, row))
+    record_summary(app, name)
 
 
 def _json(trial: optuna.trial.FrozenTrial, intermediate: bool) -> dict:

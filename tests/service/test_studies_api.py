@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from service.db import Status, StudyRow
 from tests.hpo.test_spec import INVALID
-from tests.service.conftest import bearer, tiny_spec
+from tests.service.conftest import bearer, record_summary, tiny_spec
 
 
 def _stored(app) -> tuple[list[str], list[str]]:
@@ -204,6 +204,7 @@ def _with_trials(app, name: str, values: list[float | None]) -> None:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             study.tell(trial, value)
+    record_summary(app, name)
 
 
 def test_study_view_has_counts_best_trial_progress_and_device_seconds(client, tokens, app):

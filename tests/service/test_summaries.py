@@ -20,7 +20,7 @@ from hpo.spec import StudySpec, load_stored
 from hpo.summary import SummaryTracker
 from service.db import Status, StudyRow, SummaryRow
 from service.summaries import store_summary, summary_tracker, summary_writer
-from tests.service.conftest import bearer, tiny_spec
+from tests.service.conftest import bearer, forget_summary, tiny_spec
 
 X = {"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)}
 # a statement on one of Optuna's tables (the service's own carry the hpo_ prefix)
@@ -165,6 +165,7 @@ def test_the_list_reads_no_table_of_optunas(client, tokens, app):
 
 def test_a_driver_without_the_claim_writes_no_summary(client, tokens, app):
     client.post("/v1/studies", json=tiny_spec("lost"), headers=bearer(tokens["alice"]))
+    forget_summary(app, "lost")  # the driver's first write is the one under test
     _claim(app, "lost", "driver-2")  # taken over
     writer = summary_writer(app.state.components.sessions, "lost", "driver-1")
     writer(SummaryTracker(["maximize"], 1.0).summary())
@@ -186,6 +187,7 @@ def test_an_ended_study_without_a_summary_has_it_computed_once(client, tokens, a
     with app.state.components.sessions.begin() as session:
         session.execute(sa.update(StudyRow).where(StudyRow.name == "old").values(
             status=Status.COMPLETED))
+    forget_summary(app, "old")  # made before the service kept summaries
     assert _summary_rows(app) == 0
     first = client.get("/v1/studies", headers=h).json()["items"][0]
     assert first["counts"]["complete"] == 2 and _summary_rows(app) == 1
@@ -244,6 +246,7 @@ def test_a_summary_for_a_deleted_study_is_not_stored(client, tokens, app):
     """A list computing an ended study's summary while a DELETE removes its row: nothing
     is stored and nothing fails (bench/load.py saw a foreign-key error here)."""
     client.post("/v1/studies", json=tiny_spec("gone"), headers=bearer(tokens["alice"]))
+    forget_summary(app, "gone")  # a study made before the service kept summaries
     with app.state.components.sessions.begin() as session:
         row = session.execute(sa.select(StudyRow).where(StudyRow.name == "gone")).scalar_one()
         session.execute(sa.delete(StudyRow).where(StudyRow.id == row.id))
