@@ -62,6 +62,12 @@ class Principal:
         object.__setattr__(self, "is_admin", self.role == Role.ADMIN)
 
     @property
+    def reads_all(self) -> bool:
+        """Whether the principal reads every owner's studies: admins, and viewers (read-only
+        observers of the whole service: a viewer owns no study of its own to read)."""
+        return self.role in (Role.ADMIN, Role.VIEWER)
+
+    @property
     def may_write(self) -> bool:
         """Whether the principal may change anything (every role but ``viewer``)."""
         return self.role != Role.VIEWER

@@ -127,6 +127,8 @@ def check_model(spec: StudySpec, settings: Settings) -> None:
     """
     try:
         count, loc = model_parameters(spec)
+    except SpecError:
+        raise
     except Exception as e:  # noqa: BLE001 - an installed task's count may raise anything
         raise SpecError.at("task", "the task could not count its model's parameters: "
                                    f"{public_message(f'{type(e).__name__}: {e}')}") from None
@@ -162,9 +164,25 @@ def model_parameters(spec: StudySpec) -> tuple[int, str]:
     if len(searched) > 1:
         corner = {name: max((v for v in values if _number(v)), default=values[0])
                   for name, values in searched.items()}
-        # a corner the task refuses (the largest n_head may not divide the largest d_model)
-        with contextlib.suppress(trainers.ConfigError):
+        try:
             best = max(best, (_count(task_cls, {**spec.config, **corner}), "search_space"))
+        except trainers.ConfigError:
+            # the task refuses the corner (the largest n_head may not divide the largest
+            # d_model): the points next to it, one parameter moved to another of its
+            # extremes, bound it; none valid: the size cannot be bounded, refused
+            near = []
+            for name, values in searched.items():
+                for value in values:
+                    if value != corner[name]:
+                        with contextlib.suppress(trainers.ConfigError):
+                            near.append(_count(task_cls, {**spec.config, **corner,
+                                                          name: value}))
+            if not near:
+                raise SpecError.at("search_space", "the model's size cannot be bounded: the "
+                                   "task accepts neither the searched options' largest values "
+                                   "together nor any point next to them; narrow the search "
+                                   f"space {NOT_ADMIN}") from None
+            best = max(best, (max(near), "search_space"))
     return best
 
 

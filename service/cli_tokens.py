@@ -153,8 +153,11 @@ def _limit(field: str, text: str) -> float | None:
         value = float(text)
         check_limit(field, value)
     except ValueError:
+        from service.tokens import QUOTA_MAX
+
         whole = " whole" if field == "max_running_trials" else ""
-        _error(f"{flag} must be a{whole} number >= 0, or none to clear it; got {text!r}", 2)
+        _error(f"{flag} must be a{whole} number in [0, {QUOTA_MAX[field]:g}], or none to clear "
+               f"it; got {text!r}", 2)
     return int(value) if field == "max_running_trials" else value
 
 

@@ -241,7 +241,7 @@ class DashboardGate:
         return await run_in_threadpool(resolve, self.sessions, token), by_cookie
 
     def _sees_all(self, who: Principal) -> bool:
-        return who.is_admin or self.settings.open_reads
+        return who.reads_all or self.settings.open_reads
 
     async def _owned_ids(self, who: Principal) -> set[int]:
         def query() -> set[int]:

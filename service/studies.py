@@ -264,7 +264,7 @@ class StudyService:
         """
         _, owner = self._get(who, name, read=False)
         row = (self._transition(name, (Status.QUEUED,), status=Status.STOPPED,
-                                stop_requested=True, ended_at=utcnow())
+                                stop_requested=True, ended_at=utcnow(), waiting_for=None)
                or self._transition(name, (Status.RUNNING,), stop_requested=True))
         if row is None:
             row, _ = self._get(who, name, read=False)
@@ -302,7 +302,7 @@ class StudyService:
     # -- helpers ---------------------------------------------------------------------
 
     def _scope(self, who: Principal, read: bool) -> list:
-        if who.is_admin or (read and self.settings.open_reads):
+        if who.is_admin or (read and (who.reads_all or self.settings.open_reads)):
             return []
         return [StudyRow.owner_id == who.token_id]
 

@@ -13,9 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from service.auth import TOKEN_NAME_PATTERN
 from service.db import AuditRow, Role
 from service.schemas import UTCDatetime, _Out
-from service.tokens import Quota, TokenInfo
-
-MAX_EXPIRES_IN_S = 10 * 365 * 86400  # ten years
+from service.tokens import MAX_EXPIRES_IN_S, QUOTA_MAX, Quota, TokenInfo
 
 
 def _json_number(value: Any) -> Any:
@@ -36,16 +34,16 @@ class QuotaBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
-    max_running_trials: Annotated[int | None, NUMBER] = Field(None, ge=0, le=2**31 - 1,
-                                           description="trials running at once")
-    max_gpus: Annotated[float | None, NUMBER] = Field(None, ge=0, le=1e9, allow_inf_nan=False,
-                                   description="GPUs held at once (the sum of the running "
-                                               "trials' resources.gpus)")
+    max_running_trials: Annotated[int | None, NUMBER] = Field(
+        None, ge=0, le=QUOTA_MAX["max_running_trials"], description="trials running at once")
+    max_gpus: Annotated[float | None, NUMBER] = Field(
+        None, ge=0, le=QUOTA_MAX["max_gpus"], allow_inf_nan=False,
+        description="GPUs held at once (the sum of the running trials' resources.gpus)")
     device_seconds_per_day: Annotated[float | None, NUMBER] = Field(
-        None, strict=True, ge=0, le=1e15, allow_inf_nan=False,
+        None, strict=True, ge=0, le=QUOTA_MAX["device_seconds_per_day"], allow_inf_nan=False,
         description="device-seconds per rolling 24 h")
     device_seconds_total: Annotated[float | None, NUMBER] = Field(
-        None, strict=True, ge=0, le=1e15, allow_inf_nan=False,
+        None, strict=True, ge=0, le=QUOTA_MAX["device_seconds_total"], allow_inf_nan=False,
         description="device-seconds in all")
 
     @classmethod

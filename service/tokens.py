@@ -20,7 +20,11 @@ from service.errors import TokenNotFound
 
 QUOTA_FIELDS = ("max_running_trials", "max_gpus", "device_seconds_per_day",
                 "device_seconds_total")
-_DURATION = re.compile(r"^\s*(\d{1,9})\s*([smhd])\s*$")
+_DURATION = re.compile(r"^\s*([0-9]{1,9})\s*([smhd])\s*$")
+MAX_EXPIRES_IN_S = 10 * 365 * 86400  # ten years, over REST and the CLI alike
+# the largest value of each quota limit, over REST and the CLI alike
+QUOTA_MAX = {"max_running_trials": 2**31 - 1, "max_gpus": 1e9,
+             "device_seconds_per_day": 1e15, "device_seconds_total": 1e15}
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -75,7 +79,11 @@ def parse_duration(text: str) -> dt.timedelta:
     if match is None or int(match.group(1)) == 0:
         raise ValueError(f"--expires-in must be a positive whole number with a unit s, m, h "
                          f"or d (e.g. 30d), got {text!r}")
-    return dt.timedelta(seconds=int(match.group(1)) * _UNIT_S[match.group(2)])
+    seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds > MAX_EXPIRES_IN_S:
+        raise ValueError(f"--expires-in must be at most ten years ({MAX_EXPIRES_IN_S // 86400}d), "
+                         f"got {text!r}")
+    return dt.timedelta(seconds=seconds)
 
 
 def list_tokens(sessions: sessionmaker, offset: int = 0,
@@ -147,8 +155,9 @@ def check_limit(field: str, value: float | None) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            0 <= value < float("inf")):
-        raise ValueError(f"{field} must be a finite number >= 0 (or none), got {value!r}")
+            0 <= value <= QUOTA_MAX[field]):
+        raise ValueError(f"{field} must be a number in [0, {QUOTA_MAX[field]:g}] (or none), "
+                         f"got {value!r}")
     if field == "max_running_trials" and value != int(value):
         raise ValueError(f"{field} must be a whole number, got {value!r}")
 

@@ -216,6 +216,27 @@ def test_the_48_layer_charlm_is_refused_for_a_member_without_building_it(
     assert r.status_code == 201, r.text
 
 
+def test_a_corner_the_task_refuses_does_not_hide_a_valid_large_model(default_client):
+    """The largest d_model, n_layer and n_head together are no model (32 does not divide
+    2000), but d_model 2000, n_layer 40, n_head 2 is one the sampler may draw: counted."""
+    client, tokens = default_client
+    space = {"d_model": {"type": "categorical", "choices": [64, 2000]},
+             "n_layer": {"type": "int", "low": 1, "high": 40},
+             "n_head": {"type": "categorical", "choices": [2, 32]}}
+    spec = {**tiny_spec("corner"), "task": "charlm", "objective": {"metric": "val_loss"},
+            "config": {"max_updates": 10, "micro_batch_size": 8, "block_size": 64},
+            "search_space": space}
+    r = client.post("/v1/studies", json=spec, headers=bearer(tokens["member"]))
+    assert r.status_code == 422
+    assert r.json()["error"]["details"] == [{"loc": "search_space", "msg": (
+        f"the model has 1,921,684,000 parameters; at most 100,000,000 {MEMBER} "
+        "(HPO_MAX_MODEL_PARAMETERS)")}]
+    small = {**space, "d_model": {"type": "categorical", "choices": [64, 96]}}
+    r = client.post("/v1/studies", json={**spec, "name": "corner-small", "search_space": small},
+                    headers=bearer(tokens["member"]))
+    assert r.status_code == 201, r.text
+
+
 def test_an_admin_exceeds_the_default_bounds_up_to_hpos_own_limits(default_client):
     client, tokens = default_client
     spec = _spec("admin-big", {"num_workers": 16, "micro_batch_size": 8192},

@@ -234,6 +234,16 @@ def test_dispatcher_leaves_an_over_quota_owners_study_queued_and_starts_anothers
     assert row.status == Status.RUNNING and row.waiting_for is None
 
 
+def test_a_waiting_study_stopped_before_it_ran_waits_for_nothing(w):
+    w.quota("alice", max_running_trials=0)
+    w.submit("alice", "a-stopped")
+    w.dispatcher().run_once()
+    assert w.row("a-stopped").waiting_for == "quota max_running_trials: 0 of 0 trials running"
+    stopped = w.client.post("/v1/studies/a-stopped/stop", headers=bearer(w.tokens["alice"]))
+    assert stopped.status_code == 202 and stopped.json()["status"] == "STOPPED"
+    assert stopped.json()["waiting_for"] is None and w.row("a-stopped").waiting_for is None
+
+
 def test_taking_over_a_study_gives_back_its_dead_drivers_slots(w):
     g = w.running("alice", "orphan")
     assert g.acquire("t1", CPU)

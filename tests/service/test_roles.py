@@ -1,4 +1,4 @@
-"""Token roles (issue 15.1): a viewer reads what a member reads and changes nothing, on every
+"""Token roles (issue 15.1): a viewer reads every owner's studies and changes nothing, on every
 route of the app (walked from ``app.routes``) and every write route of the dashboard (walked
 from optuna-dashboard's own route table); members and admins keep what they had."""
 
@@ -93,7 +93,7 @@ def _fill(path: str) -> str:
                                                    "rest": "nowhere"}[m[1]], path)
 
 
-def test_a_viewer_is_refused_every_write_and_reads_what_a_member_reads_on_every_route(
+def test_a_viewer_is_refused_every_write_and_reads_every_study_on_every_route(
         client, app, world):
     before = _snapshot(app)
     walked = _app_routes(app)
@@ -110,12 +110,17 @@ def test_a_viewer_is_refused_every_write_and_reads_what_a_member_reads_on_every_
             assert viewer.status_code == 403, (method, path, viewer.text)
             error = viewer.json()["error"]
             assert error["code"] == "forbidden" and "'viewer'" in error["message"], error
-        else:  # a viewer reads what a member who owns nothing reads
-            member = client.request(method, path, headers=bearer(world["bob"]))
-            assert viewer.status_code == member.status_code, (method, path, viewer.text)
+        else:  # a viewer reads the studies as an admin does, the rest as a member does
+            like = "admin" if template.startswith("/v1/studies") else "bob"
+            other = client.request(method, path, headers=bearer(world[like]))
+            assert viewer.status_code == other.status_code, (method, path, viewer.text)
+            if like == "admin" and viewer.status_code == 200:
+                assert viewer.json() == other.json(), (method, path)
             assert viewer.status_code in (200, 403, 404), (method, path, viewer.text)
             oks += viewer.status_code == 200
     assert oks >= 8  # the lists, tasks, health, the documentation
+    listed = client.get("/v1/studies", headers=bearer(world["vera"])).json()
+    assert [s["name"] for s in listed["items"]] == ["alice"]  # Alice's, read by the viewer
     assert _snapshot(app) == before
 
 

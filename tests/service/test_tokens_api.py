@@ -203,7 +203,10 @@ def test_cli_creates_tokens_with_a_role_and_an_expiry(cli, app):
                           (["x2", "--role", "root"], "--role must be one of admin, member, "
                                                      "viewer"),
                           (["x3", "--expires-in", "30x"], "--expires-in must be"),
-                          (["x4", "--expires-in", "0d"], "--expires-in must be")]:
+                          (["x4", "--expires-in", "0d"], "--expires-in must be"),
+                          (["x5", "--expires-in", "999999999d"], "--expires-in must be at most"),
+                          (["x6", "--expires-in", "3651d"], "--expires-in must be at most"),
+                          (["x7", "--expires-in", "\uff15d"], "--expires-in must be")]:
         r = cli("token", "create", *argv)
         assert r.exit_code == 2 and message in r.output, (argv, r.output)
         assert "Traceback" not in r.output
@@ -221,9 +224,14 @@ def test_cli_lists_revokes_and_sets_quotas(cli, app, tokens, client):
     assert cli("token", "quota", "bob").stdout.strip() == r.stdout.strip()
     for argv, flag in [(["--max-gpus", "-1"], "--max-gpus"),
                        (["--max-running-trials", "1.5"], "--max-running-trials"),
-                       (["--device-seconds-per-day", "lots"], "--device-seconds-per-day")]:
+                       (["--device-seconds-per-day", "lots"], "--device-seconds-per-day"),
+                       (["--max-running-trials", "3000000000"], "--max-running-trials"),
+                       (["--max-running-trials", "9" * 23], "--max-running-trials"),
+                       (["--max-gpus", "1e20"], "--max-gpus"),
+                       (["--device-seconds-total", "1e300"], "--device-seconds-total")]:
         bad = cli("token", "quota", "bob", *argv)
         assert bad.exit_code == 2 and f"{flag} must be" in bad.output, bad.output
+        assert "Traceback" not in bad.output
     assert cli("token", "quota", "nobody", "--max-gpus", "1").exit_code == 2
     assert client.get("/v1/studies", headers=bearer(tokens["bob"])).status_code == 200
     revoked = cli("token", "revoke", "bob")
