@@ -211,6 +211,11 @@ class Dispatcher:
             return None
         name = ripe[0][1]
         del self._waiting_since[name]
+        with self.sessions.begin() as session:
+            study_id = session.execute(sa.select(StudyRow.id).where(StudyRow.name == name)
+                                       ).scalar()
+            if study_id is None or not quotas.mark_requeue(session, study_id):
+                return None  # it took a slot meanwhile: it runs a trial now
         log.info("study %s: requeued, it waits for its quota while a queued study may start",
                  name)
         self.drivers[name].interrupt()

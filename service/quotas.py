@@ -166,11 +166,17 @@ def acquire(session: Session, study_id: int, claim: str, trial: str,
     A study no longer RUNNING under ``claim`` gets no slot ("the study's claim was lost").
     """
     now = now or utcnow()
+    # the study's row locked first (PostgreSQL: its row lock; SQLite: the write lock), so
+    # that a requeue (mark_requeue) and this never cross: one sees the other's write
+    session.execute(sa.update(StudyRow).where(StudyRow.id == study_id)
+                    .values(waiting_for=StudyRow.waiting_for))
     row = session.execute(sa.select(StudyRow.owner_id, StudyRow.waiting_for).where(
         StudyRow.id == study_id, StudyRow.claimed_by == claim,
         StudyRow.status == Status.RUNNING)).first()
     if row is None:
         return "the study's claim was lost"
+    if row.waiting_for == REQUEUING:
+        return REQUEUING
     _lock_quota(session, row.owner_id)
     limits = limits_of(session, [row.owner_id])[row.owner_id]
     reason = None
@@ -185,6 +191,21 @@ def acquire(session: Session, study_id: int, claim: str, trial: str,
         session.execute(sa.update(StudyRow).where(StudyRow.id == study_id)
                         .values(waiting_for=reason))
     return reason
+
+
+REQUEUING = "requeued: it waits for its quota while another study may start"
+
+
+def mark_requeue(session: Session, study_id: int) -> bool:
+    """Mark the RUNNING study ``study_id`` as being requeued, if it holds no trial slot; True
+    if marked. From then on :func:`acquire` gives it no slot, so the driver interrupted next
+    has no trial to lose (a trial started between the two would end FAIL and run again)."""
+    session.execute(sa.select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+    held = sa.select(TrialSlotRow.id).where(TrialSlotRow.study_id == study_id)
+    marked = session.execute(sa.update(StudyRow).where(
+        StudyRow.id == study_id, StudyRow.status == Status.RUNNING, ~held.exists())
+        .values(waiting_for=REQUEUING))
+    return marked.rowcount == 1
 
 
 def release(session: Session, study_id: int, trial: str, device_seconds: float,

@@ -423,6 +423,20 @@ def test_kill_9_of_the_server_leaks_no_slot_and_the_study_finishes_under_its_quo
     engine.dispose()
 
 
+def test_a_study_marked_for_requeue_takes_no_slot_and_one_holding_a_slot_is_not_marked(w):
+    """The requeue and a slot never cross: a driver interrupted for a queued study has no
+    trial to lose (the breaker saw a trial started in between end FAIL)."""
+    marked, busy = w.running("alice", "r-marked"), w.running("alice", "r-busy")
+    with w.sessions.begin() as s:
+        assert quotas.mark_requeue(s, w.row("r-marked").id)
+    assert marked.acquire("t1", CPU) is False and w.n_slots() == 0
+    assert w.row("r-marked").waiting_for == quotas.REQUEUING
+    assert busy.acquire("t1", CPU)
+    with w.sessions.begin() as s:
+        assert not quotas.mark_requeue(s, w.row("r-busy").id)
+    assert w.row("r-busy").waiting_for is None and w.n_slots() == 1
+
+
 def test_a_study_waiting_for_its_quota_gives_its_driver_up_to_a_queued_study(w, monkeypatch):
     from service import dispatcher as dispatcher_module
     from service.worker import finish
