@@ -13,7 +13,7 @@ import pytest
 import trainers.fields
 from hpo.errors import SpecError
 from hpo.spec import StudySpec, parse_spec
-from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS
+from hpo.speclimits import MAX_ERRORS, MAX_KEYS, MAX_PARAMETERS
 
 BASE = {"name": "limits", "task": "digits", "config": {"max_epochs": 1},
         "objective": {"metric": "val_accuracy"}, "budget": {"n_trials": 4}}
@@ -129,3 +129,19 @@ def test_warm_start_points_of_a_categorical_match_by_type_and_value(point, insid
                        "warm_start": [{"params": {"depth": point}}]}, check_task=False)
     assert _check_warm_start(spec) == ([] if inside else [
         {"loc": "warm_start.0.params.depth", "msg": f"{point!r} is outside the search space"}])
+
+
+@pytest.mark.parametrize("where", ["", "budget", "objective", "search_space.lr"])
+def test_a_mapping_of_more_keys_than_any_field_has_is_refused_before_validation(where):
+    """60,000 unknown keys had pydantic build 60,000 errors (0.1 s) before the 422."""
+    spec = {**BASE, "search_space": {"lr": {"type": "float", "low": 1e-3, "high": 0.1}}}
+    parent, key = spec, where
+    for part in where.split(".")[:-1]:
+        parent = parent[part]
+    key = where.split(".")[-1]
+    wide = parent if not where else {**parent.get(key, {})}
+    wide.update({f"k{i}": i for i in range(MAX_KEYS + 1)})
+    if where:
+        parent[key] = wide
+    assert _errors(spec) == [{"loc": where,
+                              "msg": f"has {len(wide):,} keys; at most {MAX_KEYS:,}"}]
