@@ -36,6 +36,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 TOKEN_HINT = ("set HPO_TOKEN or pass --token; a token comes from `hpo token create NAME` "
               "(add --admin for one that sees every study), run where the service's database "
               "is (same HPO_DATABASE_URL)")
+ENDED_TOKEN_HINT = ("this token no longer works: ask an admin for a new one (`hpo token create "
+                    "NEWNAME`; a revoked or expired token's name is not reused) and set "
+                    "HPO_TOKEN to it")
 
 
 def register(app: typer.Typer) -> None:
@@ -184,7 +187,8 @@ def _fail(e) -> None:
         if os.environ.get("HPO_TOKEN", None) == "":
             err.print("HPO_TOKEN is set but empty (did `hpo token create` fail?)",
                       markup=False, highlight=False)
-        err.print(TOKEN_HINT, markup=False, highlight=False)
+        ended = " was revoked at " in str(e) or " expired at " in str(e)
+        err.print(ENDED_TOKEN_HINT if ended else TOKEN_HINT, markup=False, highlight=False)
     raise typer.Exit(2 if e.status in (400, 413, 415, 422) else 1)
 
 

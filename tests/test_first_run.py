@@ -15,6 +15,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.service.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +135,27 @@ def test_a_cli_401_says_how_to_get_a_token(monkeypatch):
     assert "error (401 not_authenticated): a bearer token is required" in result.output
     assert ("set HPO_TOKEN or pass --token; a token comes from `hpo token create NAME`"
             in " ".join(result.output.split()))
+
+
+@pytest.mark.parametrize("message", ["token 'ana' was revoked at 2026-12-01 10:34:54 UTC",
+                                     "token 'ana' expired at 2026-12-01 10:34:54 UTC"])
+def test_a_cli_401_for_a_revoked_or_expired_token_says_to_ask_for_a_new_one(monkeypatch,
+                                                                            message):
+    from typer.testing import CliRunner
+
+    import hpo.cli
+    from service.client import ApiError, Client
+
+    def refuse(self, name):
+        raise ApiError(401, "not_authenticated", message)
+
+    monkeypatch.setattr(Client, "study", refuse)
+    monkeypatch.setenv("HPO_TOKEN", "hpo_x")
+    result = CliRunner().invoke(hpo.cli.app, ["status", "some-study"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and message in output
+    assert "this token no longer works: ask an admin for a new one" in output
+    assert "hpo token create NAME" not in output
 
 
 def test_the_quick_starts_files_are_ignored_by_git():
