@@ -43,11 +43,17 @@ class RecordingDispatcher(Dispatcher):
             driver.proc.wait()
 
 
+def dispatcher_settings(db_url: str, tmp_path) -> Settings:
+    """Settings of an app whose dispatchers the test makes and runs itself (two drivers at
+    most, no warm spare)."""
+    return Settings(database_url=db_url, results_dir=tmp_path / "results",
+                    run_dispatcher=False, max_running_studies=2, warm_drivers=False)
+
+
 @pytest.fixture
 def world(db_url, tmp_path):
     """An app on ``db_url`` (SQLite and PostgreSQL) with a token and a dispatcher factory."""
-    settings = Settings(database_url=db_url, results_dir=tmp_path / "results",
-                        run_dispatcher=False, max_running_studies=2, warm_drivers=False)
+    settings = dispatcher_settings(db_url, tmp_path)
     app = create_app(settings)
     c = app.state.components
     token = create_token(c.sessions, "alice")

@@ -18,7 +18,7 @@ from service.db import QuotaRow, Status, StudyRow, TokenRow, TrialSlotRow, Usage
 from service.quotas import Limits, QuotaGate, Use, refusal
 from service.settings import Settings
 from tests.service.conftest import TestClient, bearer, tiny_spec
-from tests.service.test_dispatcher import RecordingDispatcher
+from tests.service.test_dispatcher import RecordingDispatcher, dispatcher_settings
 
 CPU = TrialResources(gpus=0.0, devices=1.0)
 GPU = TrialResources(gpus=1.0, devices=1.0)
@@ -27,8 +27,7 @@ GPU = TrialResources(gpus=1.0, devices=1.0)
 @pytest.fixture
 def world(db_url, tmp_path):
     """An app on ``db_url`` (SQLite and PostgreSQL), tokens alice and bob, and helpers."""
-    settings = Settings(database_url=db_url, results_dir=tmp_path / "results",
-                        run_dispatcher=False, max_running_studies=2, warm_drivers=False)
+    settings = dispatcher_settings(db_url, tmp_path)
     app = create_app(settings)
     c = app.state.components
     tokens = {n: create_token(c.sessions, n) for n in ("alice", "bob")}
