@@ -4,7 +4,8 @@ Every ``TrainConfig`` field and every option of the task is a flag
 (``micro_batch_size`` -> ``--micro-batch-size``; booleans take ``--x/--no-x``;
 nullable fields accept ``none``). ``--resume DIR`` continues from the newest
 checkpoint under DIR (task, options and config come from the checkpoint; flags
-given beside it override them). Exit status: 0 done, 2 bad option or value
+given beside it override them). ``python -m trainers evaluate FILE`` evaluates a
+model file instead (``trainers.evaluate``). Exit status: 0 done, 2 bad option or value
 (the message names it), 1 training failed, 130 interrupted.
 """
 
@@ -69,7 +70,8 @@ def _add_fields(group: argparse._ArgumentGroup, infos: list[FieldInfo]) -> None:
 def build_parser(task_name: str | None) -> argparse.ArgumentParser:
     """The CLI's parser; with a task name it includes the task's own options."""
     parser = argparse.ArgumentParser(
-        prog="trainers", usage="%(prog)s TASK [options]  |  %(prog)s --resume DIR",
+        prog="trainers",
+        usage="%(prog)s TASK [options]  |  %(prog)s --resume DIR  |  %(prog)s evaluate FILE",
         description="Train one run of a task. Tasks: " + ", ".join(list_tasks()),
         epilog="Task defaults override the config defaults shown; "
                "`python -m trainers TASK --help` lists the task's own options.")
@@ -146,6 +148,10 @@ def _summary(result: TrainResult, task: str, seconds: float) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["evaluate"]:  # a subcommand, not a task
+        from trainers.evaluate import main as evaluate_main
+
+        return evaluate_main(argv[1:])
     parser = build_parser(None)
     try:
         task_name = argv[0] if argv and not argv[0].startswith("-") else None

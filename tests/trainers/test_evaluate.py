@@ -1,0 +1,124 @@
+"""Model files (``trainers.model_file``) and ``python -m trainers evaluate``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainers
+from trainers import checkpoint as ckpt
+from trainers.errors import CheckpointError
+from trainers.model_file import (
+    FORMAT,
+    FORMAT_VERSION,
+    evaluate_model,
+    load_model_file,
+    model_from_checkpoint,
+    save_model_file,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"max_updates": 12, "max_epochs": None, "eval_interval": 6, "micro_batch_size": 32,
+        "width": 8, "lr": 0.01, "device": "cpu"}
+
+
+def _train(tmp_path: Path, **changes) -> trainers.TrainResult:
+    task, config = trainers.create("digits", {**TINY, **changes,
+                                              "checkpoint_dir": str(tmp_path / "ckpt")})
+    return trainers.fit(task, config)
+
+
+def _same(state_a: dict, state_b: dict) -> bool:
+    return state_a.keys() == state_b.keys() and all(
+        torch.equal(state_a[k].cpu(), state_b[k].cpu()) for k in state_a)
+
+
+def test_model_file_holds_the_ema_weights_when_the_run_used_ema(tmp_path):
+    result = _train(tmp_path, ema_decay=0.9)
+    model = model_from_checkpoint(ckpt.latest_checkpoint(tmp_path / "ckpt"),
+                                  origin={"trial": 3})
+    assert model["format"] == FORMAT and model["format_version"] == FORMAT_VERSION
+    assert model["task"] == "digits" and model["options"]["width"] == 8
+    assert model["config"]["ema_decay"] == 0.9 and model["config"]["max_updates"] == 12
+    assert model["weights_kind"] == "ema" and model["step"] == 12
+    assert _same(model["weights"], result.ema_model.state_dict())
+    assert not _same(model["weights"], result.model.state_dict())
+    assert model["metrics"] == result.metrics
+    assert model["origin"] == {"trial": 3}
+
+
+def test_model_file_holds_the_trained_weights_without_ema(tmp_path):
+    result = _train(tmp_path)
+    model = model_from_checkpoint(tmp_path / "ckpt")  # a root: its newest checkpoint
+    assert model["weights_kind"] == "model" and model["config"]["ema_decay"] is None
+    assert _same(model["weights"], result.model.state_dict())
+
+
+def test_model_file_holds_the_trained_weights_when_ema_is_not_evaluated(tmp_path):
+    result = _train(tmp_path, ema_decay=0.9, eval_with_ema=False)
+    model = model_from_checkpoint(tmp_path / "ckpt")
+    assert model["weights_kind"] == "model"
+    assert _same(model["weights"], result.model.state_dict())
+
+
+@pytest.mark.parametrize("ema", [None, 0.8])
+def test_evaluating_the_file_gives_the_runs_final_metrics(tmp_path, ema):
+    result = _train(tmp_path, ema_decay=ema)
+    path = save_model_file(model_from_checkpoint(tmp_path / "ckpt"), tmp_path / "m.pt")
+    metrics = evaluate_model(load_model_file(path))
+    assert set(metrics) == {"val_accuracy", "val_loss"}
+    for key, value in metrics.items():
+        assert value == pytest.approx(result.metrics[key], abs=1e-6), key
+    assert list(tmp_path.glob(".*.tmp")) == []  # written atomically, no leftover
+
+
+def test_a_task_option_override_that_changes_the_model_is_refused_by_the_weights(tmp_path):
+    _train(tmp_path)
+    model = model_from_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="do not fit task 'digits'"):
+        evaluate_model(model, {"width": 16})
+
+
+def test_load_refuses_what_is_not_a_model_file(tmp_path):
+    torch.save({"weights": {}}, tmp_path / "x.pt")
+    with pytest.raises(CheckpointError, match="not a model file"):
+        load_model_file(tmp_path / "x.pt")
+    torch.save({"format": FORMAT, "format_version": FORMAT_VERSION + 1}, tmp_path / "y.pt")
+    with pytest.raises(CheckpointError, match=f"format version {FORMAT_VERSION + 1}"):
+        load_model_file(tmp_path / "y.pt")
+    with pytest.raises(CheckpointError, match="no such model file"):
+        load_model_file(tmp_path / "missing.pt")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainers", "evaluate", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_cli_prints_the_metrics_as_one_json_line_and_takes_task_options(tmp_path):
+    result = _train(tmp_path, ema_decay=0.8)
+    path = save_model_file(model_from_checkpoint(tmp_path / "ckpt"), tmp_path / "m.pt")
+    proc = _cli(str(path), "--task-option", "eval_batch_size=7", "--task-option", "device=cpu")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    metrics = json.loads(lines[0])
+    assert metrics["val_accuracy"] == pytest.approx(result.metrics["val_accuracy"], abs=1e-6)
+    assert metrics["val_loss"] == pytest.approx(result.metrics["val_loss"], abs=1e-6)
+
+
+def test_cli_bad_option_or_file_exits_2_naming_it(tmp_path):
+    _train(tmp_path)
+    path = save_model_file(model_from_checkpoint(tmp_path / "ckpt"), tmp_path / "m.pt")
+    cases = {("--task-option", "bogus=1"): "'bogus'", ("--task-option", "width"): "KEY=VALUE",
+             ("--task-option", "width=wide"): "width: expected int"}
+    for args, text in cases.items():
+        proc = _cli(str(path), *args)
+        assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr)
+    proc = _cli(str(tmp_path / "nothing.pt"))
+    assert proc.returncode == 2 and "no such model file" in proc.stderr

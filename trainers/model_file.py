@@ -1,0 +1,145 @@
+"""A trained model as one file: its weights and everything needed to rebuild and evaluate it.
+
+A model file is one ``torch.save``'d dict of tensors and plain Python values
+(readable with ``torch.load(..., weights_only=True)``)::
+
+    format          "trainers.model"
+    format_version  1 (FORMAT_VERSION; a reader refuses a newer one)
+    task            the task's registered name, e.g. "digits"
+    options         the task's options (dict)
+    config          the run's TrainConfig (dict, ``trainers.fields.to_dict``)
+    weights         the model's ``state_dict`` (tensors on CPU): the weights the run's
+                    evaluations used, i.e. the EMA weights when the run kept an EMA and
+                    evaluated it (``ema_decay`` set, ``eval_with_ema`` true, the
+                    default), else the trained weights
+    weights_kind    "ema" or "model": which of the two ``weights`` holds
+    step            optimizer updates the weights had when saved
+    metrics         the run's evaluation at that step (the last report), e.g.
+                    {"val_accuracy": ..., "val_loss": ..., "step": ...}
+    origin          free provenance from whoever made the file (``hpo`` puts the
+                    study, the trial's number, params and values), or {}
+
+:func:`model_from_checkpoint` builds it from a checkpoint directory of
+``trainers.checkpoint`` (``state.pt``); :func:`evaluate_model` rebuilds the task
+from the file's own ``task``, ``options`` and ``config`` (options overridable),
+loads ``weights`` and runs the same evaluation the training loop runs
+(``trainers.evaluation.evaluate``, same batch size and autocast), so that on the
+run's own validation set it gives the run's recorded metrics again.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainers import checkpoint as ckpt
+from trainers.components import build_run
+from trainers.errors import CheckpointError
+from trainers.evaluation import evaluate
+from trainers.tasks import create
+
+FORMAT = "trainers.model"
+FORMAT_VERSION = 1
+
+
+def model_from_checkpoint(path: str | Path, origin: Mapping[str, Any] | None = None
+                          ) -> dict[str, Any]:
+    """The model file's content (see the module doc) from a checkpoint directory.
+
+    Args:
+        path: a checkpoint directory (``state.pt`` inside), or a checkpoint root
+            (its newest checkpoint is used).
+        origin: provenance kept as the file's ``origin`` (JSON-compatible values).
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``, or the checkpoint lacks the
+            model's weights, task or config.
+    """
+    state = ckpt.load_checkpoint(Path(path))
+    try:
+        config, ema = state["config"], state.get("ema")
+        use_ema = ema is not None and config.get("eval_with_ema", True)
+        history = state.get("history") or []
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "task": state["task"], "options": dict(state["options"]), "config": dict(config),
+            "weights": ema["module"] if use_ema else state["model"],
+            "weights_kind": "ema" if use_ema else "model",
+            "step": int(state["trainer"]["step"]),
+            "metrics": dict(history[-1]) if history else {},
+            "origin": dict(origin or {}),
+        }
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint at {path} lacks {e} (not a trainers checkpoint?)"
+                              ) from None
+
+
+def save_model_file(model: Mapping[str, Any], path: str | Path) -> Path:
+    """Write ``model`` to ``path`` atomically (a temporary file, then a rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        torch.save(dict(model), tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_model_file(path: str | Path) -> dict[str, Any]:
+    """Read a model file (tensors and plain values only: ``weights_only=True``).
+
+    Raises:
+        CheckpointError: unreadable, not a model file, or of a newer format version.
+    """
+    try:
+        model = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"no such model file: {path}") from None
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same here
+        raise CheckpointError(f"cannot read model file {path}: {type(e).__name__}: {e}"
+                              ) from None
+    if not isinstance(model, dict) or model.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a model file (no format {FORMAT!r})")
+    version = model.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} has model file format version {version!r}; this "
+                              f"trainers reads versions up to {FORMAT_VERSION}")
+    return model
+
+
+def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+                   ) -> dict[str, float]:
+    """The task's evaluation metrics of a model file's weights on its validation set.
+
+    Args:
+        model: a model file's content (:func:`load_model_file`).
+        overrides: task options or ``TrainConfig`` fields replacing the file's own
+            (e.g. another data directory, ``device``, ``eval_batch_size``).
+
+    Returns:
+        The task's metrics (``task.eval_metrics``), e.g. ``val_accuracy`` and
+        ``val_loss`` for ``digits``.
+
+    Raises:
+        ConfigError: an override is not an option of the task nor a config field, or
+            has a bad value (the error names it).
+        UnknownTaskError: the file's task is not installed here.
+        CheckpointError: the weights do not fit the rebuilt model.
+    """
+    params = {**model["config"], **model["options"], **dict(overrides or {})}
+    params["checkpoint_dir"] = None  # evaluation writes nothing
+    task, config = create(model["task"], params)
+    run = build_run(task, config)
+    try:
+        run.model.load_state_dict(model["weights"])
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"the model file's weights do not fit task {task.name!r} with "
+                              f"these options: {e}") from None
+    return evaluate(run.task, run.model, run.val_set, run.dist, run.autocast,
+                    config.eval_batch_size or config.micro_batch_size)
