@@ -24,6 +24,7 @@ import sqlalchemy.exc
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.study._multi_objective import _is_pareto_front
+from optuna.study.study import _SYSTEM_ATTR_METRIC_NAMES
 from sqlalchemy.engine import make_url
 
 from hpo.errors import StorageError
@@ -157,6 +158,18 @@ def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
 UPSERT_ROWS = 1000
 _UPSERT_DIALECTS = {"sqlite": sqlalchemy.dialects.sqlite.insert,
                     "postgresql": sqlalchemy.dialects.postgresql.insert}
+
+
+def set_metric_names(storage: optuna.storages.BaseStorage, study_id: int,
+                     names: list[str]) -> None:
+    """Name the objectives of a study known by its storage id, as
+    ``Study.set_metric_names`` does (the dashboard's axes and columns read them).
+
+    One write, for a create that has no ``Study`` object: building one to call the
+    public method reads the study twice first. The attribute's key is Optuna's private
+    ``_SYSTEM_ATTR_METRIC_NAMES``; :attr:`optuna.Study.metric_names` reads it back.
+    """
+    storage.set_study_system_attr(study_id, _SYSTEM_ATTR_METRIC_NAMES, list(names))
 
 
 def pareto_front_mask(losses):

@@ -1,10 +1,14 @@
 """The Optuna study of a spec: created new, or opened with its stored spec compared.
 
 The spec is kept as the study's ``hpo_spec`` user attribute (what ``hpo run``
-compares at each start, and what the dashboard shows).
+compares at each start, and what the dashboard shows). Either way the study's metric
+names are its objectives' metrics (``Study.set_metric_names``), so that the dashboard's
+axes and columns read ``val_accuracy``, not "Objective 0" (issue 16.1).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import optuna
 from optuna.study import StudyDirection
@@ -12,6 +16,7 @@ from optuna.study import StudyDirection
 from hpo.errors import StudyExistsError
 from hpo.space import build_sampler
 from hpo.spec import StudySpec, load_stored
+from hpo.storage import set_metric_names
 
 SPEC_ATTR = "hpo_spec"
 
@@ -33,6 +38,7 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
                                 sampler=build_sampler(spec), load_if_exists=True)
     if compare_spec:
         _check_stored_spec(study, spec)
+    name_metrics(study, spec)
     n_existing = len(study.get_trials(deepcopy=False))
     if n_existing:
         # Continuing a study: the spec's sampler again (never a silent swap to random
@@ -43,9 +49,10 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
 
 
 def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
-    """Create the Optuna study of ``spec`` with its ``hpo_spec`` attribute; its storage id.
+    """Create the Optuna study of ``spec`` with its ``hpo_spec`` attribute and its metric
+    names; its storage id.
 
-    Two statements' worth of work, for a study known to be new (the service's
+    Three writes' worth of work, for a study known to be new (the service's
     create); :func:`open_study` loads or creates and compares.
 
     Raises:
@@ -58,7 +65,22 @@ def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
     except optuna.exceptions.DuplicatedStudyError:
         raise StudyExistsError(f"an Optuna study named {spec.name!r} exists already") from None
     storage.set_study_user_attr(study_id, SPEC_ATTR, spec.to_dict())
+    set_metric_names(storage, study_id, metric_names(spec))
     return study_id
+
+
+def metric_names(spec: StudySpec) -> list[str]:
+    """The study's metric names: each objective's metric, in the objectives' order."""
+    return [o.metric for o in spec.objectives]
+
+
+def name_metrics(study: optuna.Study, spec: StudySpec) -> None:
+    """Set the study's metric names (:func:`metric_names`) unless they are set already."""
+    names = metric_names(spec)
+    if study.metric_names != names:
+        with warnings.catch_warnings():  # experimental since Optuna 3.2, still in 5.0
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
 
 
 def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> None:

@@ -36,7 +36,7 @@ from hpo.errors import public_message
 from hpo.lease import while_held
 from hpo.spec import load_stored
 from service import logs
-from service.db import Status, StudyRow, build_engine, session_factory, utcnow
+from service.db import Status, StudyRow, TokenRow, build_engine, session_factory, utcnow
 from service.driver_process import CLAIMS, wait_for_study, watch_for_interrupt
 from service.process import die_with_parent, lower_priority, parent_gone
 from service.quotas import QuotaGate
@@ -113,7 +113,8 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
     """Run the study to its end and write that end. Its trials take their owner's quota
     slots (``service.quotas.QuotaGate``) and wait while the owner is over a quota."""
     with sessions() as session:
-        row = session.execute(sa.select(StudyRow).where(StudyRow.name == name)).scalar_one()
+        row, owner = session.execute(sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow)
+                                     .where(StudyRow.name == name)).one()
     beat = Heartbeat(sessions, name, claim, settings.heartbeat_s)
     beat.beat()
     beat.start()
@@ -130,7 +131,8 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
                                 results_dir=settings.results_dir, listener=tracker,
                                 compare_spec=False,  # the stored spec itself
                                 should_stop=beat.should_stop,
-                                should_interrupt=beat.should_interrupt, gate=gate)
+                                should_interrupt=beat.should_interrupt, gate=gate,
+                                owner=owner)  # for the study's dashboard note
         finally:
             tracker.flush()  # the last summary, before finish() writes the study's end
     except Exception as e:  # the traceback goes to this driver's log, one line to the row

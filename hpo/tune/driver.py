@@ -20,9 +20,11 @@ from ray import tune
 from ray.exceptions import RuntimeEnvSetupError
 
 import trainers
-from hpo.errors import ClusterError, SpecError
+from hpo.board import StudyBoard, note_failure
+from hpo.errors import ClusterError, SpecError, public_message
 from hpo.gate import GateKeeper, TrialGate, TrialResources
 from hpo.lease import DriverLease
+from hpo.notes import NoteEnd
 from hpo.record import Counts, Orphan, StudyRecord, TrialListener
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 from hpo.storage import open_storage
@@ -220,7 +222,8 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
               should_stop: Callable[[], bool] | None = None,
               should_interrupt: Callable[[], bool] | None = None,
               listener: TrialListener | None = None,
-              compare_spec: bool = True, gate: TrialGate | None = None) -> StudyOutcome:
+              compare_spec: bool = True, gate: TrialGate | None = None,
+              owner: str | None = None) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
     The dataset check (scheduler budgets against the trials' planned updates)
@@ -250,6 +253,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         gate: asked before each trial starts and told when it ends (``hpo.gate``); while
             it refuses, trials wait (none fails). Every slot it gave is given back by
             the time ``run_study`` returns or raises. Default: none.
+        owner: the study's owner, for its dashboard note (``hpo.board``); default none.
 
     Raises:
         SpecError: the cluster cannot hold one trial, a warm-start source is
@@ -262,7 +266,12 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     results_dir = Path(results_dir)
     cluster_checked = False
     runtime_env = task_code(spec.task).runtime_env()  # the task's code, unless built in
-    check_budgets(spec)  # needs the task's datasets: at every start, before anything is stored
+    try:  # needs the task's datasets: at every start, before anything is stored
+        check_budgets(spec)
+    except SpecError as e:
+        if not compare_spec:  # the service's own stored study: its note says why it failed
+            note_failure(storage, spec, owner, public_message(str(e)))
+        raise
     if not _stored(storage, spec.name):  # refuse what cannot run before storing anything
         warm_start_points(spec, storage)
         init_ray(ray_address, num_cpus, runtime_env)
@@ -270,25 +279,38 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         cluster_checked = True
     record = StudyRecord(spec, storage, listener=listener, compare_spec=compare_spec)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
+    board = StudyBoard(record.study, spec, owner)
     with DriverLease(storage, spec.name):
-        enqueue_warm_start(record)
-        plan = plan_trials(record)
-        if plan.n_ray_trials > 0:
-            if not cluster_checked:  # a stored study continued, perhaps on another cluster
-                init_ray(ray_address, num_cpus, runtime_env)
-                check_resources(spec)
-            keeper = GateKeeper(gate, TrialResources.of(spec.resources))
-            try:
-                _run_tuner(spec, record, plan, results_dir, on_change, stopper, keeper)
-            finally:  # trials Tune stopped with the experiment, or left to the next driver
-                keeper.release_all()
-    return outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted)
+        board.started()
+        try:
+            enqueue_warm_start(record)
+            plan = plan_trials(record)
+            if plan.n_ray_trials > 0:
+                if not cluster_checked:  # a stored study continued, perhaps on another cluster
+                    init_ray(ray_address, num_cpus, runtime_env)
+                    check_resources(spec)
+                keeper = GateKeeper(gate, TrialResources.of(spec.resources))
+                try:
+                    _run_tuner(spec, record, plan, results_dir, on_change, stopper, keeper,
+                               board)
+                finally:  # trials Tune stopped with the experiment, or left to the next driver
+                    keeper.release_all()
+        except Exception as e:
+            board.ended(NoteEnd("FAILED", error=public_message(f"{type(e).__name__}: {e}")))
+            raise
+    result = outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted)
+    board.ended(note_end(result))
+    return result
 
 
 def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
                on_change: Callable[[StudyRecord], None] | None, stopper: StopWhen,
-               keeper: GateKeeper) -> None:
-    notify = (lambda: on_change(record)) if on_change else None
+               keeper: GateKeeper, board: StudyBoard) -> None:
+    def notify() -> None:
+        if on_change is not None:
+            on_change(record)
+        board.poke()
+
     started = time.monotonic()
     try:
         build_tuner(spec, record, plan, results_dir, notify, stopper, keeper).fit()
@@ -352,6 +374,17 @@ def end_open_trials(record: StudyRecord, stopped_by: str) -> None:
         if record.trials[ray_id].stopped_by is None:
             record.note_stop(ray_id, stopped_by)
         record.complete_or_prune(ray_id, stopped_by, stopped=True)
+
+
+def note_end(result: StudyOutcome) -> NoteEnd:
+    """How the run ended, for the study's dashboard note."""
+    status = "INTERRUPTED" if result.interrupted else "STOPPED" if result.stopped else \
+        "COMPLETED"
+    best = None if result.best_number is None else (result.best_number, result.best_value,
+                                                    result.best_params)
+    c = result.counts
+    return NoteEnd(status, c.complete, c.pruned, c.failed, best,
+                   len(result.pareto_front) if result.pareto_front else None)
 
 
 def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = False

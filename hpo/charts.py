@@ -1,0 +1,334 @@
+"""A study's charts for the dashboard's study page, as plotly figures (issue 16.2).
+
+Pure functions of the study's ``FrozenTrial`` s and its spec (no Ray, no storage):
+:class:`hpo.board.StudyBoard` saves them with ``optuna_dashboard.save_plotly_graph_object``
+under stable ids, so each write replaces the chart before.
+
+What a browser test can count (the figure's layout title text starts with the words
+given here):
+
+* ``hpo-lineage`` (PBT and PB2), title "PBT lineage" / "PB2 lineage": one panel
+  (subplot) per hyperparameter; in each, one trace per population member named
+  ``trial N`` (``legendgroup`` ``trial N``, in the legend once), then one trace named
+  ``exploits`` holding every exploit as a dotted edge. Members = traces named
+  ``trial N`` on the first panel's axes (``xaxis`` ``x``).
+* ``hpo-rungs`` (ASHA, Hyperband, the median stopping rule, Optuna pruners), title
+  "Rungs": bars ``reached`` (trials reaching each rung) and ``stopped here by X``, and
+  markers ``stopped by X`` (each pruned trial at its budget).
+* ``hpo-cost`` (every study), title "Cost": bars of device-seconds per trial by state,
+  and ``best METRIC so far`` against the cumulative device-seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import plotly.graph_objects as go
+from optuna.trial import FrozenTrial, TrialState
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from hpo.params import CategoricalParam
+from hpo.spec import POPULATION_SCHEDULERS, StudySpec
+
+LINEAGE_ID, RUNGS_ID, COST_ID = "hpo-lineage", "hpo-rungs", "hpo-cost"
+RUNG_SCHEDULERS = ("asha", "hyperband", "median", "optuna-pruner")
+MAX_RUNGS = 20  # budgets shown for a scheduler without rungs (its evaluation steps, thinned)
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+COLORS = qualitative.Plotly
+# plotly's default template adds 6.5 kB to every figure's JSON (four more study
+# attributes per write); the dashboard draws the figure on its own background
+TEMPLATE = "none"
+
+
+def study_figures(spec: StudySpec, trials: Sequence[FrozenTrial],
+                  device_kind: str = "cpu") -> dict[str, go.Figure]:
+    """The study's charts by graph object id: cost always, the lineage for PBT and PB2,
+    the rungs for ASHA, Hyperband, the median rule and Optuna pruners."""
+    figures = {COST_ID: cost_figure(spec, trials, device_kind)}
+    if spec.scheduler.name in POPULATION_SCHEDULERS:
+        figures[LINEAGE_ID] = lineage_figure(spec, trials)
+    elif spec.scheduler.name in RUNG_SCHEDULERS:
+        figures[RUNGS_ID] = rung_figure(spec, trials)
+    return figures
+
+
+def last_step(trial: FrozenTrial) -> int | None:
+    """The optimizer updates a trial reached: its last intermediate value's step, else its
+    ``budget_updates`` attribute (a pruned trial), else ``None``."""
+    if trial.intermediate_values:
+        return max(trial.intermediate_values)
+    return trial.user_attrs.get("budget_updates")
+
+
+# -- PBT lineage -------------------------------------------------------------------------
+
+
+def schedule(trial: FrozenTrial, name: str) -> list[tuple[int, Any]]:
+    """A PBT member's value of hyperparameter ``name`` over optimizer updates, as points
+    ``(step, value)``: its first value at 0, each exploit at its step (the value held
+    until then, the new one from then on), and its last value at :func:`last_step`.
+
+    An exploit restarts the member from the donor's checkpoint at the donor's step,
+    which may lie before the member's own: the line then goes back in steps.
+    """
+    points = [(0, trial.params.get(name))]
+    for e in trial.user_attrs.get("exploits", []):
+        step = points[-1][0] if e.get("step") is None else e["step"]
+        points += [(step, e["old"].get(name, points[-1][1])), (step, e["new"].get(name))]
+    end = last_step(trial)
+    if end is not None and end != points[-1][0]:
+        points.append((end, points[-1][1]))
+    return points
+
+
+def value_at(points: list[tuple[int, Any]], step: int) -> Any:
+    """The value a :func:`schedule` held at ``step``: that of its last point at or before
+    ``step`` (in the schedule's order), else its first."""
+    held = points[0][1]
+    for x, value in points:
+        if x <= step:
+            held = value
+    return held
+
+
+def lineage_figure(spec: StudySpec, trials: Sequence[FrozenTrial]) -> go.Figure:
+    """Each member's hyperparameters over optimizer updates (one panel per hyperparameter,
+    one trace ``trial N`` per member in each) and each exploit as a dotted edge from the
+    donor's value to the receiver's new value at the exploit's step (trace ``exploits``).
+
+    Exploits come from the trials' ``exploits`` attribute (``hpo.record``: ``donor_trial``,
+    ``step``, ``old``, ``new``); one without a known donor has no edge.
+    """
+    names = list(spec.search_space)
+    members = sorted((t for t in trials if t.state != TrialState.WAITING),
+                     key=lambda t: t.number)
+    by_number = {t.number: t for t in members}
+    fig = make_subplots(rows=max(1, len(names)), cols=1, shared_xaxes=True,
+                        subplot_titles=names or None, vertical_spacing=0.08)
+    for row, name in enumerate(names, start=1):
+        categorical = isinstance(spec.search_space[name], CategoricalParam)
+        show = _shown(categorical)
+        schedules = {t.number: schedule(t, name) for t in members}
+        for i, t in enumerate(members):
+            points = schedules[t.number]
+            fig.add_trace(go.Scatter(
+                x=[x for x, _ in points], y=[show(v) for _, v in points],
+                mode="lines+markers", name=f"trial {t.number}",
+                legendgroup=f"trial {t.number}", showlegend=row == 1,
+                line={"color": COLORS[i % len(COLORS)]}), row=row, col=1)
+        xs, ys, texts = [], [], []
+        for t in members:
+            for e in t.user_attrs.get("exploits", []):
+                donor = by_number.get(e.get("donor_trial"))
+                if donor is None or e.get("step") is None:
+                    continue
+                step = e["step"]
+                text = f"trial {donor.number} → trial {t.number} at step {step}"
+                xs += [step, step, None]
+                ys += [show(value_at(schedules[donor.number], step)),
+                       show(e["new"].get(name)), None]
+                texts += [text, text, None]
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, text=texts, mode="lines+markers", name="exploits",
+            legendgroup="exploits", showlegend=row == 1, hoverinfo="text",
+            line={"color": "gray", "dash": "dot"}, marker={"symbol": "arrow-up"}),
+            row=row, col=1)
+        if getattr(spec.search_space[name], "log", False):
+            fig.update_yaxes(type="log", row=row, col=1)
+    fig.update_xaxes(title_text="optimizer updates", row=max(1, len(names)), col=1)
+    fig.update_layout(
+        title_text=f"{spec.scheduler.name.upper()} lineage: each member's hyperparameters "
+                   f"over optimizer updates; dotted: exploits (donor → receiver)",
+        height=max(400, 240 * len(names)), template=TEMPLATE)
+    return fig
+
+
+def _shown(categorical: bool):
+    """How a hyperparameter's value is plotted: text for categorical ones (plotly makes
+    a category axis), a number otherwise."""
+    if categorical:
+        return lambda v: None if v is None else str(v)
+    return lambda v: None if v is None else float(v)
+
+
+# -- rungs -------------------------------------------------------------------------------
+
+
+def rung_budgets(spec: StudySpec, trials: Sequence[FrozenTrial]) -> list[float]:
+    """The budgets (optimizer updates) at which the study's scheduler decides, ascending.
+
+    ASHA: Ray's milestones ``grace_period * reduction_factor**(k + s)`` of each bracket
+    ``s``, and ``max_t``; Hyperband: each bracket's ``r0 = int(max_t * eta**-s)`` times
+    ``eta**k`` up to ``max_t`` (Ray's ``HyperBandScheduler``); Optuna's successive-halving
+    pruner (a given ``min_resource``) and Hyperband pruner their rungs' completion steps.
+    ``max_t`` not given: the most updates a trial planned or reached. Other schedulers
+    (the median rule, Optuna's median, percentile, Wilcoxon, patient pruners) have no
+    rungs: their trials' evaluation steps, at most ``MAX_RUNGS`` of them evenly picked.
+    """
+    s = spec.scheduler
+    reached = [step for t in trials if (step := last_step(t)) is not None]
+    planned = [t.user_attrs["planned_updates"] for t in trials
+               if t.user_attrs.get("planned_updates")]
+    top = getattr(s, "max_t", None) or max(planned + reached, default=0)
+    budgets: set[float] = set()
+    if s.name == "asha" and top >= s.grace_period:
+        for b in range(s.brackets):
+            n = int(math.log(top / s.grace_period) / math.log(s.reduction_factor) - b + 1)
+            budgets |= {s.grace_period * s.reduction_factor ** (k + b) for k in range(n)}
+        budgets.add(top)
+    elif s.name == "hyperband" and top >= 1:
+        eta = s.reduction_factor
+        for b in range(int(round(math.log(top) / math.log(eta))) + 1):
+            r = int(top * eta ** -b)
+            while 0 < r < top:
+                budgets.add(r)
+                r = int(min(r * eta, top))
+        budgets.add(top)
+    elif s.name == "optuna-pruner" and s.pruner.name == "successive-halving" \
+            and s.pruner.min_resource != "auto":
+        p = s.pruner
+        k = p.min_early_stopping_rate
+        while (b := p.min_resource * p.reduction_factor ** k) <= top:
+            budgets.add(b)
+            k += 1
+    elif s.name == "optuna-pruner" and s.pruner.name == "hyperband":
+        p = s.pruner
+        high = top if p.max_resource == "auto" else p.max_resource
+        k = 0
+        while (b := p.min_resource * p.reduction_factor ** k) <= high:
+            budgets.add(b)
+            k += 1
+    if budgets:
+        return sorted(budgets)
+    steps = sorted({step for t in trials for step in t.intermediate_values} | set(reached))
+    if len(steps) <= MAX_RUNGS:
+        return [float(x) for x in steps]
+    return [float(steps[round(i * (len(steps) - 1) / (MAX_RUNGS - 1))])
+            for i in range(MAX_RUNGS)]
+
+
+def reach(trial: FrozenTrial, top: float) -> float:
+    """The updates a trial reached (:func:`last_step`); a COMPLETE one that reported no
+    step (a multi-objective trial) reached ``top``."""
+    step = last_step(trial)
+    if step is None:
+        return top if trial.state == TrialState.COMPLETE else 0
+    return step
+
+
+def rung_counts(trials: Sequence[FrozenTrial], budgets: Sequence[float]
+                ) -> tuple[list[int], dict[str, list[int]]]:
+    """Trials reaching each rung (``reach >= budget``), and the PRUNED trials stopped at
+    each rung by whom (``stopped_by``): a trial stopped after ``budget_updates`` counts at
+    the highest rung at or below that budget (the lowest rung if it stopped before any).
+
+    Returns:
+        ``(reached, stopped)``: ``reached[i]`` trials reached ``budgets[i]``;
+        ``stopped[by][i]`` of them ``by`` stopped there.
+    """
+    top = budgets[-1] if budgets else 0
+    ran = [t for t in trials if t.state != TrialState.WAITING]
+    reached = [sum(1 for t in ran if reach(t, top) >= b) for b in budgets]
+    stopped: dict[str, list[int]] = {}
+    for t in ran:
+        if t.state != TrialState.PRUNED or not budgets:
+            continue
+        by = str(t.user_attrs.get("stopped_by", "unknown"))
+        at = reach(t, top)
+        i = max([i for i, b in enumerate(budgets) if b <= at], default=0)
+        stopped.setdefault(by, [0] * len(budgets))[i] += 1
+    return reached, stopped
+
+
+def rung_figure(spec: StudySpec, trials: Sequence[FrozenTrial]) -> go.Figure:
+    """Trials reaching each rung, those stopped at each (by whom), and each pruned trial at
+    the budget it was stopped (``budget_updates``), one marker trace per stopper."""
+    budgets = rung_budgets(spec, trials)
+    reached, stopped = rung_counts(trials, budgets)
+    labels = [f"{b:g}" for b in budgets]
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.15, subplot_titles=[
+        "trials reaching each rung (optimizer updates)",
+        "pruned trials: who stopped each, at which budget"])
+    fig.add_trace(go.Bar(x=labels, y=reached, name="reached", text=reached), row=1, col=1)
+    for i, (by, counts) in enumerate(sorted(stopped.items())):
+        color = COLORS[(i + 1) % len(COLORS)]
+        fig.add_trace(go.Bar(x=labels, y=counts, name=f"stopped here by {by}",
+                             legendgroup=by, marker={"color": color}), row=1, col=1)
+        pruned = sorted((t for t in trials if t.state == TrialState.PRUNED
+                         and str(t.user_attrs.get("stopped_by", "unknown")) == by),
+                        key=lambda t: t.number)
+        fig.add_trace(go.Scatter(
+            x=[reach(t, 0) for t in pruned], y=[t.number for t in pruned], mode="markers",
+            name=f"stopped by {by}", legendgroup=by, marker={"color": color},
+            text=[f"trial {t.number} stopped by {by} at {reach(t, 0):g} updates"
+                  for t in pruned], hoverinfo="text"), row=2, col=1)
+    fig.update_xaxes(title_text="rung budget (optimizer updates)", type="category",
+                     row=1, col=1)
+    fig.update_xaxes(title_text="stopped at (optimizer updates)", row=2, col=1)
+    fig.update_yaxes(title_text="trials", row=1, col=1)
+    fig.update_yaxes(title_text="trial number", row=2, col=1)
+    fig.update_layout(title_text=f"Rungs of {spec.scheduler.name}: trials reaching each, and "
+                                 f"who stopped the others", barmode="group", height=700,
+                      template=TEMPLATE)
+    return fig
+
+
+# -- cost --------------------------------------------------------------------------------
+
+
+def finish_order(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """Finished trials (COMPLETE, PRUNED, FAIL) in the order they ended (then by number)."""
+    done = [t for t in trials if t.state in FINISHED]
+    return sorted(done, key=lambda t: (t.datetime_complete or datetime.max, t.number))
+
+
+def cost_figure(spec: StudySpec, trials: Sequence[FrozenTrial],
+                device_kind: str = "cpu") -> go.Figure:
+    """What quality cost: each finished trial's device-seconds (bars by state), and the
+    best value so far of each objective against the cumulative device-seconds of every
+    finished trial (pruned and failed ones cost too), in the order trials ended.
+
+    ``device_kind``: ``cpu`` or ``gpu``, what the trials' ``device_seconds`` count (the
+    study's ``device_kind`` attribute).
+    """
+    unit = f"{device_kind.upper()}-seconds"
+    done = finish_order(trials)
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.15, subplot_titles=[
+        f"{unit} per trial", f"best value so far against the total {unit} spent"])
+    for state in FINISHED:
+        some = sorted((t for t in done if t.state == state), key=lambda t: t.number)
+        if some:
+            fig.add_trace(go.Bar(x=[t.number for t in some], y=[_cost(t) for t in some],
+                                 name=state.name), row=1, col=1)
+    spent, total = [], 0.0
+    for t in done:
+        total += _cost(t)
+        spent.append(round(total, 3))
+    for k, objective in enumerate(spec.objectives):
+        pick = max if objective.direction == "maximize" else min
+        xs, ys, texts, best = [], [], [], None
+        for t, x in zip(done, spent, strict=True):
+            if t.state == TrialState.COMPLETE and t.values is not None:
+                best = t.values[k] if best is None else pick(best, t.values[k])
+            if best is not None:
+                xs.append(x)
+                ys.append(best)
+                texts.append(f"after trial {t.number}")
+        fig.add_trace(go.Scatter(x=xs, y=ys, text=texts, mode="lines+markers",
+                                 line_shape="hv", name=f"best {objective.metric} so far"),
+                      row=2, col=1)
+    fig.update_xaxes(title_text="trial number", row=1, col=1)
+    fig.update_xaxes(title_text=f"cumulative {unit}", row=2, col=1)
+    fig.update_yaxes(title_text=unit, row=1, col=1)
+    fig.update_layout(title_text=f"Cost: {round(total, 3):g} {unit} in all, and what they "
+                                 f"bought", barmode="stack", height=700,
+                      template=TEMPLATE)
+    return fig
+
+
+def _cost(trial: FrozenTrial) -> float:
+    return float(trial.user_attrs.get("device_seconds", 0.0))
