@@ -33,6 +33,14 @@ its own, and many of its routes write: create, rename and delete studies,
     (``PUT /api/studies/ID/note``, ``PUT /api/studies/ID/TRIAL/note``), which
     only the dashboard reads.
 
+  A study made outside the service (created directly with Optuna in the same
+  database: no row in ``hpo_studies``, so no owner) is shown read-only: admins
+  and viewers (and everyone, with ``HPO_OPEN_READS``) see it in the list and
+  read every route of it; a member does not see it (it is nobody's study: 404,
+  as another owner's); its notes are refused to admins too (403), so nothing
+  in the dashboard writes to a study the service does not manage. ``/v1``
+  does not list it (:meth:`service.studies.StudyService._absent`).
+
   Refused for everyone (403, pointing to the REST API): creating, renaming
   and deleting studies (the service owns the study names and keeps its own
   record of each study: use ``POST``/``DELETE /v1/studies``), telling trials,
@@ -86,6 +94,8 @@ READ_METHODS = frozenset({"GET", "HEAD"})
 PAGE_PATH = re.compile(r"^/(dashboard(/.*)?)?$")
 REFUSED = ("the dashboard does not change studies or trials here: the service manages them "
            "(create, stop and delete studies through the REST API, /v1; see /docs)")
+FOREIGN = ("this study was made outside the service, directly with Optuna: the dashboard "
+           "shows it read-only")
 
 
 class Access(enum.Enum):
@@ -204,6 +214,8 @@ class DashboardGate:
         if route.access is Access.NOTE and not who.is_admin:
             return error_response(403, "forbidden",
                                   "the dashboard is read-only for non-admin tokens")
+        if route.access is Access.NOTE and not await self._managed(route.args["study_id"]):
+            return error_response(403, "forbidden", FOREIGN)
         if route.access is Access.PAGE:
             return None
         hide = None if who.is_admin else HIDING.get(route.rule)
@@ -242,6 +254,16 @@ class DashboardGate:
 
     def _sees_all(self, who: Principal) -> bool:
         return who.reads_all or self.settings.open_reads
+
+    async def _managed(self, study_id: int) -> bool:
+        """Whether the Optuna study ``study_id`` is one of the service's (has a row)."""
+        def query() -> bool:
+            with self.sessions() as session:
+                return session.execute(sa.select(StudyRow.id).join(
+                    optuna_sql.studies, optuna_sql.studies.c.study_name == StudyRow.name)
+                    .where(optuna_sql.studies.c.study_id == study_id)).first() is not None
+
+        return await run_in_threadpool(query)
 
     async def _owned_ids(self, who: Principal) -> set[int]:
         def query() -> set[int]:

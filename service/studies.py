@@ -91,9 +91,11 @@ class StudyService:
             optuna_id = create_study(spec, self.storage)
             row = self._queue(spec, optuna_id)
             self.on_queued()
-        except StudyExistsError as e:  # an Optuna study of that name, made outside the service
+        except StudyExistsError:  # an Optuna study of that name, made outside the service
             self.undo_create(spec.name, delete_optuna=False)
-            raise StudyConflict(str(e)) from None
+            raise StudyConflict(f"a study named {spec.name!r} exists already in the Optuna "
+                                "storage, made outside the service (directly with Optuna): "
+                                "choose another name") from None
         except BaseException:
             self.undo_create(spec.name, delete_optuna=True)
             raise
@@ -313,8 +315,36 @@ class StudyService:
                 .where(StudyRow.name == name, StudyRow.status.in_(VISIBLE),
                        *self._scope(who, read))).first()
         if found is None:
-            raise StudyNotFound(f"no study named {name!r}")
+            raise self._absent(who, name, read=read)
         return found[0], found[1]
+
+    def _absent(self, who: Principal, name: str, *, read: bool) -> StudyNotFound | StudyConflict:
+        """The error for ``name`` when ``who`` sees no study of the service by that name.
+
+        A study made outside the service (an Optuna study of that name in the same database,
+        with no row here: no owner, spec or status) is not one of ``/v1``'s studies; the
+        dashboard shows it read-only (:mod:`service.dashboard`). To a caller who sees every
+        study (admins; for reads also viewers and open reads) the error says so: a read is
+        404 pointing to the dashboard, a stop or delete is 409 (the service neither stops
+        nor deletes what it did not make). Anyone else gets the plain 404, as for another
+        owner's study. Two statements more, on this path only.
+        """
+        sees = who.is_admin or (read and (who.reads_all or self.settings.open_reads))
+        if not (sees and self._optuna_only(name)):
+            return StudyNotFound(f"no study named {name!r}")
+        made = f"study {name!r} was made outside the service, directly with Optuna"
+        if read:
+            return StudyNotFound(f"{made}: /v1 does not manage it; read it in the dashboard "
+                                 "(/dashboard)")
+        return StudyConflict(f"{made}: the service does not stop or delete it (Optuna's own "
+                             "API or `optuna delete-study` does)")
+
+    def _optuna_only(self, name: str) -> bool:
+        """Whether Optuna's storage has a study ``name`` and the service has no row of it."""
+        with self.sessions() as session:
+            if session.execute(sa.select(StudyRow.id).where(StudyRow.name == name)).first():
+                return False
+            return bool(optuna_sql.study_ids(session.connection(), [name]))
 
     def _transition(self, name: str, from_states: tuple[Status, ...],
                     **values) -> StudyRow | None:
