@@ -6,6 +6,11 @@ Layout of a checkpoint root::
     root/checkpoint-00000120/meta.json  step, epoch, metrics: readable without torch
     root/best.json                      {"step": 120, "metric": ..., "value": ...}
 
+A sharded checkpoint (``parallelism: fsdp``, ``trainers.dcp``) has the same
+name, ``meta.json`` and atomic rename, with ``train_state.pt`` (counters,
+schedule, scaler, RNG states) and the DCP files of the weights and optimizer
+state instead of ``state.pt``; retention and ``best.json`` treat both alike.
+
 A checkpoint directory is written under a temporary name, fsync'ed, then
 renamed into place, so a process killed while writing leaves the previous
 checkpoints untouched and loadable; leftovers of dead writers are removed by the
@@ -66,6 +71,7 @@ _NAME = re.compile(r"^checkpoint-(\d{8})$")
 _TMP = re.compile(r"^\.(tmp|trash)-.*-(?P<pid>\d+)-[0-9a-f]{8}$")
 _TMP_FILE = re.compile(r"^\..+\.(?P<pid>\d+)\.tmp$")  # trainers.data.write_atomically
 STATE_FILE = "state.pt"
+SHARDED_STATE_FILE = "train_state.pt"  # trainers.dcp
 META_FILE = "meta.json"
 BEST_FILE = "best.json"
 
@@ -78,6 +84,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _is_complete(path: Path) -> bool:
+    return (path / META_FILE).is_file() and (
+        (path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file())
+
+
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``root`` as ``(step, path)``, oldest first."""
     if not root.is_dir():
@@ -85,7 +96,7 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     found = []
     for child in root.iterdir():
         m = _NAME.match(child.name)
-        if m and (child / STATE_FILE).is_file() and (child / META_FILE).is_file():
+        if m and _is_complete(child):
             found.append((int(m.group(1)), child))
     return sorted(found)
 
@@ -104,7 +115,7 @@ def best_checkpoint(root: Path) -> Path | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     path = Path(root) / f"checkpoint-{step:08d}"
-    return path if (path / STATE_FILE).is_file() else None
+    return path if _is_complete(path) else None
 
 
 def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any],
@@ -126,23 +137,37 @@ def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str
     Returns:
         The checkpoint directory.
     """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"checkpoint-{step:08d}"
-    tag = f"{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp = root / f".tmp-{tag}"
-    tmp.mkdir()
+    tmp, final = new_temp_dir(Path(root), step)
     with open(tmp / STATE_FILE, "wb") as f:
         torch.save(state, f)
         f.flush()
         if durable:
             os.fsync(f.fileno())
     write_atomically(tmp / META_FILE, json.dumps(meta, indent=1, sort_keys=True), durable)
+    publish(tmp, final, keep_last, durable)
+    return final
+
+
+def new_temp_dir(root: Path, step: int) -> tuple[Path, Path]:
+    """A new temporary directory for the checkpoint of ``step`` (created, with ``root``),
+    and the checkpoint's final path; the name carries this process's id, so that a
+    later save removes it if this process dies before :func:`publish`."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"checkpoint-{step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp, final
+
+
+def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
+    """Rename the complete checkpoint ``tmp`` to ``final`` (replacing one there), then
+    apply retention under their root."""
+    root = final.parent
     if durable:
         _fsync_dir(tmp)
     trash = None
     if final.exists():
-        trash = root / f".trash-{tag}"
+        trash = root / f".trash-{tmp.name[len('.tmp-'):]}"
         os.rename(final, trash)
     os.rename(tmp, final)
     if durable:
@@ -150,7 +175,6 @@ def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
     _prune(root, keep_last)
-    return final
 
 
 def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = True) -> None:
@@ -181,12 +205,15 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         CheckpointError: nothing loadable at ``path``.
     """
     path = Path(path)
-    if not (path / STATE_FILE).is_file():
+    if not ((path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file()):
         newest = latest_checkpoint(path)
         if newest is None:
             raise CheckpointError(f"no checkpoint at {path} (expected {STATE_FILE} or "
                                   f"checkpoint-NNNNNNNN/ directories)")
         path = newest
+    if not (path / STATE_FILE).is_file():
+        raise CheckpointError(f"{path} is a sharded (FSDP) checkpoint: resume it with "
+                              "parallelism=fsdp")
     try:
         return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same to the caller

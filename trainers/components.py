@@ -1,7 +1,7 @@
 """Everything the loop needs, decided once before it starts (the nanoGPT habit).
 
 :func:`build_run` turns a task and a config into a :class:`Run`: model on its
-device (DDP-wrapped and compiled when asked), optimizer, LR scheduler, loss
+device (DDP-wrapped or FSDP-sharded, and compiled when asked), optimizer, LR scheduler, loss
 scaler, EMA, autocast factory and datasets. Features that are off are no-op
 objects, so the loop itself has no feature flags.
 """
@@ -23,11 +23,12 @@ from torch.utils.data import Dataset
 
 from trainers.config import TrainConfig
 from trainers.data import n_updates_per_epoch
-from trainers.distributed import DistInfo, dist_info, wrap_ddp
+from trainers.distributed import DistInfo, dist_info
 from trainers.ema import EMA
 from trainers.errors import ConfigError
+from trainers.fsdp import build_loss_scaler, grad_sync_factory, shard_ema_shadow, wrap_model
 from trainers.optim import build_optimizer
-from trainers.precision import autocast_factory, build_scaler
+from trainers.precision import autocast_factory
 from trainers.schedules import build_scheduler
 from trainers.tasks.base import Task
 
@@ -39,8 +40,9 @@ class Run:
     task: Task
     config: TrainConfig
     dist: DistInfo
-    model: nn.Module            # raw module: checkpoints, EMA and evaluation use it
+    model: nn.Module            # raw module (FSDP: the sharded one): checkpoints, EMA, evaluation
     train_model: nn.Module      # what the forward pass calls: DDP and/or compiled
+    grad_sync: Callable[[bool], ContextManager]  # grad_sync(last micro-batch of the group)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
@@ -53,6 +55,7 @@ class Run:
     total_steps: int            # optimizer updates the schedule spans
     early_stopping_metric: str
     checkpoint_root: Path | None
+    sharded_checkpoints: bool   # parallelism fsdp: DCP checkpoints (trainers.dcp), any world size
 
 
 def seed_everything(seed: int) -> None:
@@ -115,7 +118,9 @@ def build_run(task: Task, config: TrainConfig) -> Run:
     model = task.build_model(config).to(info.device)
     # Dropout and other runtime randomness get their own stream per rank.
     torch.manual_seed(config.seed * 1_000_003 + 1 + info.rank)
-    train_model = wrap_ddp(model, info)
+    train_model, shadow = wrap_model(model, task, config, info)
+    if shadow is not None:
+        shadow = shard_ema_shadow(shadow, task, config)
     if config.compile:
         train_model = torch.compile(train_model)
     optimizer = build_optimizer(model, config)
@@ -125,13 +130,15 @@ def build_run(task: Task, config: TrainConfig) -> Run:
     total = _total_steps(config, per_epoch)
     return Run(
         task=task, config=config, dist=info, model=model, train_model=train_model,
+        grad_sync=grad_sync_factory(train_model, model, config, info),
         optimizer=optimizer, scheduler=build_scheduler(optimizer, config, total),
-        scaler=build_scaler(config, info.device),
-        ema=EMA(model, config.ema_decay) if config.ema_decay is not None else None,
+        scaler=build_loss_scaler(config, info),
+        ema=EMA(model, config.ema_decay, shadow) if config.ema_decay is not None else None,
         autocast=autocast_factory(config, info.device), train_set=train_set, val_set=val_set,
         samples_per_rank=samples_per_rank, updates_per_epoch=per_epoch, total_steps=total,
         early_stopping_metric=config.early_stopping_metric or task.objective,
         checkpoint_root=Path(config.checkpoint_dir) if config.checkpoint_dir else None,
+        sharded_checkpoints=config.parallelism == "fsdp",
     )
 
 

@@ -14,6 +14,7 @@ from trainers.fields import option, require
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Schedule = Literal["constant", "linear", "cosine", "wsd"]
+Parallelism = Literal["ddp", "fsdp"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,6 +68,10 @@ class TrainConfig:
     )
     compile: bool = option(False, "torch.compile the model")
     device: str = option("auto", "auto, cpu, cuda or cuda:N; auto picks cuda when available")
+    parallelism: Parallelism = option(
+        "ddp", "with torch.distributed initialized (torchrun, Ray Train): ddp replicates the "
+               "model; fsdp shards it with FSDP2 and writes sharded (DCP) checkpoints"
+    )
     # evaluation, checkpoints, early stopping
     eval_interval: int | None = option(
         None, "evaluate every this many updates (>= 1); null: at the end of every epoch"

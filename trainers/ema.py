@@ -23,6 +23,9 @@ class EMA:
     Args:
         model: the raw (not DDP-wrapped, not compiled) module to follow.
         decay: in [0, 1); 0.999 is a common value for long runs.
+        shadow: the shadow module to use instead of a deep copy of ``model``
+            (FSDP: a copy sharded like the model, ``trainers.fsdp``); it must
+            hold ``model``'s weights.
 
     Attributes:
         module: the shadow module, in eval mode, without gradients; evaluate it
@@ -30,11 +33,13 @@ class EMA:
         n_updates: number of updates folded in so far.
     """
 
-    def __init__(self, model: nn.Module, decay: float) -> None:
+    def __init__(self, model: nn.Module, decay: float, shadow: nn.Module | None = None) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay=}")
         self.decay = decay
-        self.module = copy.deepcopy(model).eval().requires_grad_(False)
+        if shadow is None:
+            shadow = copy.deepcopy(model)
+        self.module = shadow.eval().requires_grad_(False)
         self.n_updates = 0
 
     def _pairs(self, model: nn.Module):
@@ -52,6 +57,13 @@ class EMA:
             else:
                 s.copy_(c)
         self.n_updates += 1
+
+    @torch.no_grad()
+    def restart_from(self, model: nn.Module) -> None:
+        """Make the shadow a copy of ``model``'s current weights, with no update folded in."""
+        for s, c in self._pairs(model):
+            s.copy_(c.detach())
+        self.n_updates = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The shadow weights, the number of updates folded in, and ``decay`` (for the record)."""

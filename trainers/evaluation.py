@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager as ContextManager
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.utils.data import Dataset
 
 from trainers.components import move_to
@@ -25,16 +26,28 @@ def evaluate(task: Task, model: nn.Module, dataset: Dataset, info: DistInfo,
     sample counts once); the task's additive statistics are summed over ranks
     and turned into metrics by ``task.eval_metrics``. The model is left in eval
     mode; the caller switches it back.
+
+    An FSDP-sharded model all-gathers its parameters in every forward, a
+    collective: a rank with fewer batches than rank 0 runs forwards on its
+    first batch (or sample 0) to match, and discards their statistics; the
+    model is resharded at the end (FSDP2 keeps a root's parameters gathered
+    after a forward, awaiting its backward).
     """
     model.eval()
     order = list(range(info.rank, len(dataset), info.world_size))
+    batches = micro_batches(order, batch_size)
+    n_real = len(batches)
+    if isinstance(model, FSDPModule) and info.enabled:
+        most = len(micro_batches(range(0, len(dataset), info.world_size), batch_size))
+        batches += [batches[0] if batches else [0]] * (most - n_real)
     sums: dict[str, float] = {}
-    data = loader(dataset, micro_batches(order, batch_size), task.collate)
-    for batch in data:
+    for i, batch in enumerate(loader(dataset, batches, task.collate)):
         with autocast():
             stats = task.eval_sums(model, move_to(batch, info.device))
         for key, value in stats.items():
-            sums[key] = sums.get(key, 0.0) + float(value)
+            sums[key] = sums.get(key, 0.0) + (float(value) if i < n_real else 0.0)
+    if isinstance(model, FSDPModule):  # a root stays unsharded after a forward without backward
+        model.reshard()
     if not order and info.world_size == 1:
         raise TrainersError(f"the validation set of task {task.name!r} is empty")
     return task.eval_metrics(all_reduce_sums(sums, info))

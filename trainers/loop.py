@@ -6,7 +6,9 @@ micro-batch's summed loss is divided by the number of items (samples, or real
 tokens) of the *whole group across all ranks*, so the accumulated gradient is
 exactly the gradient of the group's mean loss, whatever the micro-batch size,
 the number of accumulation steps or of ranks. Under DDP the gradients are
-synchronized only on the last micro-batch of a group (``no_sync()``).
+synchronized only on the last micro-batch of a group (``no_sync()``); under
+FSDP (``parallelism: fsdp``) likewise, through FSDP2's gradient-sync switch
+(``trainers.fsdp``), and checkpoints are sharded (``trainers.dcp``).
 
 After backward: the loss scaler unscales the gradients (fp16), the global norm
 is measured and clipped, then either
@@ -32,7 +34,8 @@ Metrics reported at every evaluation (``Reporter.report``):
 ``samples``            training samples processed so far, all ranks
 ``samples_per_s``      training throughput since the last evaluation, all ranks
 ``tokens_per_s``       the same in tokens (token tasks only)
-``peak_memory_bytes``  peak CUDA memory allocated, or the process's peak RSS on CPU
+``peak_memory_bytes``  peak CUDA memory allocated, or the process's peak RSS on CPU;
+                       under FSDP also ``peak_memory_bytes_rank<r>``, each rank's own
 ``time_s``             seconds since ``fit`` started
 ``stopping(reason)``   not a metric: a reporter's optional hook, called just before the run's
                        last report with why it stops (``max_updates``,
@@ -43,7 +46,6 @@ Metrics reported at every evaluation (``Reporter.report``):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import resource
@@ -55,6 +57,7 @@ import torch
 from torch import nn
 
 from trainers import checkpoint as ckpt
+from trainers import dcp
 from trainers.components import Run, build_run, move_to
 from trainers.config import TrainConfig
 from trainers.data import epoch_order, grouped, loader, micro_batches
@@ -67,6 +70,7 @@ from trainers.distributed import (
 from trainers.errors import NonFiniteError
 from trainers.evaluation import evaluate
 from trainers.fields import to_dict
+from trainers.fsdp import clip_grad_norm
 from trainers.precision import MAX_SKIPPED_IN_A_ROW
 from trainers.reporting import Decision, NullReporter, Reporter
 from trainers.resume import Restored, TrainState, Window, restore, run_state
@@ -86,7 +90,8 @@ class TrainResult:
         best_metric / best_value / best_step: the early-stopping metric's best
             evaluation (``best_value`` is None if no evaluation was finite).
         checkpoint_dir: the checkpoint root, if checkpoints were written.
-        model: the trained raw module (not DDP-wrapped); ema_model: its EMA, if any.
+        model: the trained raw module (not DDP-wrapped; under FSDP the sharded module,
+            see ``trainers.fsdp.full_parameters``); ema_model: its EMA, if any.
     """
 
     metrics: dict[str, float]
@@ -132,7 +137,9 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
     run = build_run(task, config)
     state = TrainState()
     restored = Restored()
-    if resume_from is not None:
+    if resume_from is not None and run.sharded_checkpoints:
+        restored = dcp.restore(run, state, Path(resume_from))
+    elif resume_from is not None:
         restored = restore(run, state, ckpt.load_checkpoint(Path(resume_from)))
     loop = _Loop(run, state, reporter, restored)
     loop.train()
@@ -269,16 +276,14 @@ class _Loop:
         loss_sum = torch.zeros((), device=run.dist.device)
         for i, batch in enumerate(group):
             last = i == len(group) - 1
-            sync = contextlib.nullcontext() if last or not run.dist.enabled \
-                else run.train_model.no_sync()
-            with sync:
+            with run.grad_sync(last):
                 with run.autocast():
                     micro_loss = task.loss_sum(run.train_model, batch)
                 run.scaler.scale(micro_loss.float() * scale).backward()
             loss_sum += micro_loss.detach().float()
         state.position += n_samples
         run.scaler.unscale_(run.optimizer)
-        grad_norm_t = _clip(run.model, run.config.max_grad_norm)
+        grad_norm_t = clip_grad_norm(run.model, run.config.max_grad_norm)
         local_loss, grad_norm = torch.stack([loss_sum, grad_norm_t.float()]).tolist()
         if not run.scaler.is_enabled():
             self._check_finite(local_loss, grad_norm)
@@ -330,14 +335,16 @@ class _Loop:
         self._snapshot_rng()
         meta = self._meta(metrics)
         saved: Path | None = None
+        wrote = False  # under FSDP only rank 0 gets the path, but every rank wrote
         if run.checkpoint_root is not None and (c.checkpoint_interval is None or is_best or (
                 c.checkpoint_interval is not None and state.step % c.checkpoint_interval == 0)):
-            saved = self._save(meta)
+            saved, wrote = self._save(meta), True
             if is_best and run.dist.is_main:
                 ckpt.mark_best(run.checkpoint_root, state.step, run.early_stopping_metric,
                                state.best_value, durable=c.checkpoint_fsync)
         # the reporter's checkpoint of this step is the one just written, if any
-        decision = self.reporter.report(self._told(metrics), lambda: saved or self._save(meta))
+        decision = self.reporter.report(self._told(metrics),
+                                        lambda: saved if wrote else self._save(meta))
         if broadcast_flag(decision is Decision.STOP, run.dist):
             state.stop_reason = "reporter"
         elif self._patience_exhausted():
@@ -372,6 +379,9 @@ class _Loop:
             "peak_memory_bytes": _peak_memory_bytes(run.dist.device),
             "time_s": time.perf_counter() - self.started,
         }
+        if run.sharded_checkpoints and run.dist.enabled:
+            peaks = gather_objects(metrics["peak_memory_bytes"], run.dist)
+            metrics.update({f"peak_memory_bytes_rank{r}": p for r, p in enumerate(peaks)})
         if run.task.item_unit == "token":
             metrics["tokens_per_s"] = sums["items"] / seconds if seconds > 0 else float("nan")
         self.window = Window(grad_norm=w.grad_norm)
@@ -405,22 +415,20 @@ class _Loop:
                 "options": to_dict(self.run.task.options), "metrics": metrics or {}}
 
     def _save(self, meta: dict[str, Any]) -> Path | None:
+        """Write a checkpoint; its path on rank 0. Under FSDP every rank must call it."""
         run = self.run
-        if run.checkpoint_root is None or not run.dist.is_main:
+        if run.checkpoint_root is None:
+            return None
+        if run.sharded_checkpoints:
+            return dcp.save(run, run_state(run, self.state, self.window, self.history,
+                                           self.last_eval, self.rng_snapshot, sharded=True), meta)
+        if not run.dist.is_main:
             return None
         state = run_state(run, self.state, self.window, self.history, self.last_eval,
                           self.rng_snapshot)
         return ckpt.save_checkpoint(run.checkpoint_root, self.state.step, state, meta,
                                     run.config.keep_last_checkpoints,
                                     durable=run.config.checkpoint_fsync)
-
-
-def _clip(model: nn.Module, max_norm: float | None) -> torch.Tensor:
-    """Clip gradients to ``max_norm`` (if set); return the global norm before clipping."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if max_norm is None:
-        return torch.nn.utils.get_total_norm(grads)
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
 def _peak_memory_bytes(device: torch.device) -> int:

@@ -58,7 +58,8 @@ class Restored:
 
 
 def run_state(run: Run, state: TrainState, window: Window, history: list[dict[str, float]],
-              last_eval: tuple[int, int] | None, rng: list[Any] | None) -> dict[str, Any]:
+              last_eval: tuple[int, int] | None, rng: list[Any] | None,
+              sharded: bool = False) -> dict[str, Any]:
     """The content of a checkpoint's ``state.pt``: tensors and plain Python values.
 
     Args:
@@ -66,18 +67,31 @@ def run_state(run: Run, state: TrainState, window: Window, history: list[dict[st
         last_eval: ``(step, samples)`` of the last evaluation, so that a resume at
             that very position does not evaluate and report it as a new one.
         rng: every rank's RNG states (``checkpoint.capture_rng``), by rank.
+        sharded: leave out the model, optimizer and EMA weights (a sharded
+            checkpoint writes them with DCP, ``trainers.dcp``) and keep the
+            EMA's update count only.
     """
+    if sharded:
+        ema = {"n_updates": run.ema.n_updates} if run.ema is not None else None
+        return {**_common_state(run, state, window, history, last_eval, rng), "ema": ema}
+    return {
+        **_common_state(run, state, window, history, last_eval, rng),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "ema": run.ema.state_dict() if run.ema is not None else None,
+    }
+
+
+def _common_state(run: Run, state: TrainState, window: Window, history: list[dict[str, float]],
+                  last_eval: tuple[int, int] | None, rng: list[Any] | None) -> dict[str, Any]:
     return {
         "format": CHECKPOINT_FORMAT,
         "task": run.task.name,
         "options": to_dict(run.task.options),
         "config": to_dict(run.config),
         "world_size": run.dist.world_size,
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),
-        "ema": run.ema.state_dict() if run.ema is not None else None,
         "trainer": dataclasses.asdict(state),
         "window": dataclasses.asdict(window),
         "history": history,
@@ -110,22 +124,33 @@ def restore(run: Run, state: TrainState, saved: dict[str, Any]) -> Restored:
             run.ema.load_state_dict(saved["ema"])
         elif run.ema is not None:  # EMA switched on at resume: start from the loaded weights
             run.ema = EMA(run.model, run.config.ema_decay)
-        trainer, rng, window = saved["trainer"], saved["rng"], saved.get("window")
-        watched = saved["config"].get("early_stopping_metric") or run.task.objective
-        last_eval = tuple(saved["last_eval"]) if saved.get("last_eval") else None
-        restored = Restored(Window(**window) if window else Window(),
-                            list(saved.get("history") or []), last_eval)
+        return restore_loop_state(run, state, saved)
     except CheckpointError:
         raise
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
         raise CheckpointError(f"checkpoint does not fit this run: {type(e).__name__}: {e}") from e
+
+
+def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Restored:
+    """The part of :func:`restore` after the components' weights: the config's
+    hyperparameters, the counters, the RNG states of this rank (when the checkpoint
+    has one for it), the metrics window and history.
+
+    Raises:
+        KeyError, TypeError: the checkpoint lacks a part.
+    """
+    trainer, rng, window = saved["trainer"], saved["rng"], saved.get("window")
+    watched = saved["config"].get("early_stopping_metric") or run.task.objective
+    last_eval = tuple(saved["last_eval"]) if saved.get("last_eval") else None
+    restored = Restored(Window(**window) if window else Window(),
+                        list(saved.get("history") or []), last_eval)
     apply_config_hyperparameters(run)
     for key, value in trainer.items():
         setattr(state, key, value)
     state.stop_reason = None
     if watched != run.early_stopping_metric:  # early stopping now watches another metric
         state.best_value, state.best_step, state.evals_without_improvement = None, None, 0
-    if rng is not None:
+    if rng is not None and len(rng) == run.dist.world_size:
         ckpt.restore_rng(rng[run.dist.rank])
     return restored
 

@@ -111,6 +111,16 @@ class Task(abc.ABC):
         """Number of loss items in a micro-batch: samples, or real (unpadded) tokens."""
         return self.n_samples(batch)
 
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules FSDP shards one by one (``TrainConfig.parallelism = "fsdp"``).
+
+        Each is all-gathered for its own forward and backward, so a rank holds
+        at most one block's full parameters at a time; the rest of the model is
+        sharded as the root. Default: none (the root is sharded as one unit).
+        Transformer blocks are the usual choice.
+        """
+        return []
+
     def parameter_count(self, config: TrainConfig) -> int:
         """Number of parameters (elements, >= 0) of the model ``build_model`` would build,
         without allocating them: the default builds it on PyTorch's ``meta`` device.

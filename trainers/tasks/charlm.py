@@ -274,6 +274,10 @@ class CharLMTask(Task):
             self.vocab_size = len(self.corpus().vocab)
         return CharGPT(self.vocab_size, self.options, config.activation_checkpointing)
 
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The transformer blocks: FSDP shards each on its own (``Task.blocks``)."""
+        return list(model.blocks)
+
     def parameter_count(self, config: TrainConfig) -> int:
         """The parameters of :class:`CharGPT`, by formula (no model built, no corpus read):
         embeddings ``(V + block_size) * D``, per block ``12 D^2 + 13 D``, the final

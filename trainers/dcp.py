@@ -1,0 +1,191 @@
+"""Sharded checkpoints (``parallelism: fsdp``) with ``torch.distributed.checkpoint``.
+
+Layout of one checkpoint (the name, ``meta.json``, retention and ``best.json``
+as in ``trainers.checkpoint``)::
+
+    root/checkpoint-00000120/.metadata        DCP: where every tensor shard lies
+    root/checkpoint-00000120/__<rank>_0.distcp DCP: each rank's shards of the model,
+                                               optimizer state and EMA shadow
+    root/checkpoint-00000120/train_state.pt   rank 0: counters, data position, LR
+                                               schedule, loss scaler, EMA update count,
+                                               metrics history, every rank's RNG states
+    root/checkpoint-00000120/meta.json
+
+Writing is collective and atomic: rank 0 creates a temporary directory and
+tells every rank its name; every rank writes its shards there (DCP); rank 0
+adds ``train_state.pt`` and ``meta.json``; after a barrier rank 0 renames the
+directory into place. A run killed at any point before the rename leaves the
+previous checkpoints untouched and loadable (the next save removes the
+leftover). The checkpoint root must be one directory all ranks reach (one
+machine, or shared storage).
+
+Weights and optimizer state go through ``torch.distributed.checkpoint.state_dict``
+(``get_state_dict`` / ``set_state_dict``: keys are parameter names, values
+``DTensor`` shards under FSDP), so a checkpoint loads into any number of ranks:
+DCP reshards on load (2 ranks -> 1 process, 1 -> 2). Resumed with the same
+number of ranks the run continues bit for bit (fp32, CPU); with another, the
+RNG states are not restored (the seed's are kept) and the data position is
+carried over as the same fraction of the epoch, so training continues but
+takes another path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from trainers import checkpoint as ckpt
+from trainers.components import Run
+from trainers.data import write_atomically
+from trainers.errors import CheckpointError
+from trainers.resume import CHECKPOINT_FORMAT, Restored, TrainState, restore_loop_state
+
+
+@contextlib.contextmanager
+def _quiet_if_alone(run: Run) -> Iterator[None]:
+    """Silence DCP's warning that one process saves or loads alone: that is meant here."""
+    with warnings.catch_warnings():
+        if not run.dist.enabled:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _barrier(run: Run) -> None:
+    if run.dist.enabled:
+        dist.barrier()
+
+
+def _tensor_state(run: Run, with_ema: bool) -> dict[str, Any]:
+    """Model, optimizer and (if ``with_ema``) EMA shadow state, keyed by parameter name."""
+    model, optimizer = get_state_dict(run.model, run.optimizer)
+    state = {"model": model, "optimizer": optimizer}
+    if with_ema and run.ema is not None:
+        state["ema"] = get_model_state_dict(run.ema.module)
+    return state
+
+
+def _agreed_temp_dir(run: Run, step: int) -> tuple[Path, Path]:
+    """Rank 0's new temporary directory and the final path, on every rank."""
+    names: list[Any] = [None, None]
+    if run.dist.is_main:
+        names = [str(p) for p in ckpt.new_temp_dir(run.checkpoint_root, step)]
+    if run.dist.enabled:
+        dist.broadcast_object_list(names, src=0)
+    return Path(names[0]), Path(names[1])
+
+
+def save(run: Run, state: dict[str, Any], meta: dict[str, Any]) -> Path | None:
+    """Write the sharded checkpoint of ``state["trainer"]["step"]``; collective.
+
+    Args:
+        run: the run, with ``checkpoint_root`` set.
+        state: ``trainers.resume.run_state(..., sharded=True)``: plain values,
+            written by rank 0 as ``train_state.pt``.
+        meta: JSON-compatible summary, written by rank 0 as ``meta.json``.
+
+    Returns:
+        The checkpoint directory on rank 0; ``None`` on the other ranks.
+    """
+    durable = run.config.checkpoint_fsync
+    tmp, final = _agreed_temp_dir(run, state["trainer"]["step"])
+    with _quiet_if_alone(run):
+        dcp.save(_tensor_state(run, with_ema=True),
+                 storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable),
+                 no_dist=not run.dist.enabled)
+    if run.dist.is_main:
+        with open(tmp / ckpt.SHARDED_STATE_FILE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        write_atomically(tmp / ckpt.META_FILE, json.dumps(meta, indent=1, sort_keys=True),
+                         durable)
+    _barrier(run)  # every rank's shards are in tmp
+    if run.dist.is_main:
+        ckpt.publish(tmp, final, run.config.keep_last_checkpoints, durable)
+    _barrier(run)  # no rank goes on (and perhaps reads it) before it is in place
+    return final if run.dist.is_main else None
+
+
+def checkpoint_path(path: Path) -> Path:
+    """The sharded checkpoint at ``path``, or the newest one under the root ``path``.
+
+    Raises:
+        CheckpointError: none there, or the newest is a single-file (DDP) checkpoint.
+    """
+    if not (path / ckpt.SHARDED_STATE_FILE).is_file():
+        newest = ckpt.latest_checkpoint(path)
+        if newest is None:
+            raise CheckpointError(f"no checkpoint at {path} (expected "
+                                  f"{ckpt.SHARDED_STATE_FILE} or checkpoint-NNNNNNNN/)")
+        path = newest
+    if not (path / ckpt.SHARDED_STATE_FILE).is_file():
+        raise CheckpointError(f"{path} is not a sharded checkpoint: resume it with "
+                              "parallelism=ddp")
+    return path
+
+
+def restore(run: Run, state: TrainState, path: Path) -> Restored:
+    """Load a sharded checkpoint into a freshly built run (any number of ranks); collective.
+
+    The rule of ``trainers.checkpoint`` holds: the checkpoint gives the state,
+    the config every hyperparameter.
+
+    Raises:
+        CheckpointError: no sharded checkpoint at ``path``, or it does not fit
+            this run (another model or optimizer).
+    """
+    path = checkpoint_path(Path(path))
+    try:
+        saved = torch.load(path / ckpt.SHARDED_STATE_FILE, map_location="cpu",
+                           weights_only=True)
+        _check_compatible(run, saved)
+        has_ema = saved["ema"] is not None
+        tensors = _tensor_state(run, with_ema=has_ema)
+        with _quiet_if_alone(run):
+            dcp.load(tensors, storage_reader=dcp.FileSystemReader(path),
+                     no_dist=not run.dist.enabled)
+        set_state_dict(run.model, run.optimizer, model_state_dict=tensors["model"],
+                       optim_state_dict=tensors["optimizer"])
+        run.scheduler.load_state_dict(saved["scheduler"])
+        if saved["scaler"]:
+            run.scaler.load_state_dict(saved["scaler"])
+        if run.ema is not None and has_ema:
+            set_model_state_dict(run.ema.module, tensors["ema"])
+            run.ema.n_updates = saved["ema"]["n_updates"]
+        elif run.ema is not None:  # EMA switched on at resume: start from the loaded weights
+            run.ema.restart_from(run.model)
+        restored = restore_loop_state(run, state, saved)
+    except CheckpointError:
+        raise
+    except (KeyError, ValueError, RuntimeError, TypeError, OSError) as e:
+        raise CheckpointError(f"checkpoint {path.name} does not fit this run: "
+                              f"{type(e).__name__}: {e}") from e
+    old, new = saved["world_size"], run.dist.world_size
+    if old != new:  # the same fraction of the epoch, in this world's per-rank samples
+        state.position = min(state.position * old // new, run.samples_per_rank)
+    return restored
+
+
+def _check_compatible(run: Run, saved: dict[str, Any]) -> None:
+    if saved.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"unsupported checkpoint format {saved.get('format')!r}")
+    before = saved["config"]["optimizer"]
+    if before != run.config.optimizer:
+        raise CheckpointError(f"checkpoint holds {before} optimizer state; it cannot resume "
+                              f"with optimizer={run.config.optimizer}")
