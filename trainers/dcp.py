@@ -27,6 +27,9 @@ number of ranks the run continues bit for bit (fp32, CPU); with another, the
 RNG states are not restored (the seed's are kept) and the data position is
 carried over as the same fraction of the epoch, so training continues but
 takes another path.
+
+``torch.distributed.checkpoint`` is imported at the first sharded save or load
+(about a second of import that other runs should not pay).
 """
 
 from __future__ import annotations
@@ -41,13 +44,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 
 from trainers import checkpoint as ckpt
 from trainers.components import Run
@@ -72,6 +68,8 @@ def _barrier(run: Run) -> None:
 
 def _tensor_state(run: Run, with_ema: bool) -> dict[str, Any]:
     """Model, optimizer and (if ``with_ema``) EMA shadow state, keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
     model, optimizer = get_state_dict(run.model, run.optimizer)
     state = {"model": model, "optimizer": optimizer}
     if with_ema and run.ema is not None:
@@ -101,6 +99,8 @@ def save(run: Run, state: dict[str, Any], meta: dict[str, Any]) -> Path | None:
     Returns:
         The checkpoint directory on rank 0; ``None`` on the other ranks.
     """
+    import torch.distributed.checkpoint as dcp
+
     durable = run.config.checkpoint_fsync
     tmp, final = _agreed_temp_dir(run, state["trainer"]["step"])
     with _quiet_if_alone(run):
@@ -150,6 +150,9 @@ def restore(run: Run, state: TrainState, path: Path) -> Restored:
         CheckpointError: no sharded checkpoint at ``path``, or it does not fit
             this run (another model or optimizer).
     """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
     path = checkpoint_path(Path(path))
     try:
         saved = torch.load(path / ckpt.SHARDED_STATE_FILE, map_location="cpu",

@@ -7,13 +7,13 @@ from contextlib import AbstractContextManager as ContextManager
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 from torch.utils.data import Dataset
 
 from trainers.components import move_to
 from trainers.data import loader, micro_batches
 from trainers.distributed import DistInfo, all_reduce_sums
 from trainers.errors import TrainersError
+from trainers.fsdp import is_fsdp_module
 from trainers.tasks.base import Task
 
 
@@ -37,7 +37,7 @@ def evaluate(task: Task, model: nn.Module, dataset: Dataset, info: DistInfo,
     order = list(range(info.rank, len(dataset), info.world_size))
     batches = micro_batches(order, batch_size)
     n_real = len(batches)
-    if isinstance(model, FSDPModule) and info.enabled:
+    if is_fsdp_module(model) and info.enabled:
         most = len(micro_batches(range(0, len(dataset), info.world_size), batch_size))
         batches += [batches[0] if batches else [0]] * (most - n_real)
     sums: dict[str, float] = {}
@@ -46,7 +46,7 @@ def evaluate(task: Task, model: nn.Module, dataset: Dataset, info: DistInfo,
             stats = task.eval_sums(model, move_to(batch, info.device))
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + (float(value) if i < n_real else 0.0)
-    if isinstance(model, FSDPModule):  # a root stays unsharded after a forward without backward
+    if is_fsdp_module(model):  # a root stays unsharded after a forward without backward
         model.reshard()
     if not order and info.world_size == 1:
         raise TrainersError(f"the validation set of task {task.name!r} is empty")

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 
 import trainers.fsdp
 from tests.trainers.toy_tasks import RegressionOptions, RegressionTask
-from trainers import ListReporter, TrainConfig, dcp, fit
+from trainers import ListReporter, TrainConfig, fit
 from trainers.tasks.charlm import CharLMOptions, CharLMTask
 
 CONFIG = dict(grad_accum_steps=2, max_epochs=3, lr=0.05, eval_interval=2, seed=11,
@@ -83,7 +83,9 @@ def _charlm(out: Path) -> dict:
 def kill(out: Path) -> dict:
     """Kill both ranks after their shards of the second checkpoint are written,
     before rank 0 renames it into place."""
-    real_save, calls = dcp.dcp.save, []
+    import torch.distributed.checkpoint
+
+    real_save, calls = torch.distributed.checkpoint.save, []
 
     def save_then_die(*args, **kwargs):
         real_save(*args, **kwargs)
@@ -92,7 +94,7 @@ def kill(out: Path) -> dict:
             dist.barrier()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    dcp.dcp.save = save_then_die
+    torch.distributed.checkpoint.save = save_then_die
     _regression(out, checkpoint_dir=str(out / "killed"))
     return {}
 
