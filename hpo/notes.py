@@ -68,10 +68,12 @@ def _fmt(value: Any) -> str:
 
 
 def _options(model: Any, skip: Sequence[str] = ("name",)) -> str:
-    """A spec model's options as ``key=value, ...`` (nested models likewise)."""
+    """A spec model's options as ``key=value, ...`` (nested models likewise); options left
+    unset (``None``: their default, e.g. ASHA's ``max_t``, the trials' planned updates)
+    are left out."""
     parts = []
     for key, value in model:
-        if key in skip:
+        if key in skip or value is None:
             continue
         if isinstance(value, BaseModel):
             value = f"{value.name}({_options(value)})"

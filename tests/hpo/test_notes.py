@@ -71,8 +71,7 @@ def test_note_gives_the_spec_as_tables():
                 "| objective | `val_accuracy` (maximize) |",
                 "| sampler | tpe, seed 7 (n_startup_trials=10, multivariate=true, "
                 "constant_liar=true) |",
-                "| scheduler | asha (max_t=null, grace_period=10, reduction_factor=3, "
-                "brackets=1) |",
+                "| scheduler | asha (grace_period=10, reduction_factor=3, brackets=1) |",
                 "| budget | 12 trials, at most 2 at a time, time budget 600 s |",
                 "| resources per trial | 2 CPU, 0.5 GPU per worker, 1 worker |",
                 "| warm start | study earlier (top 3); 1 point |",
