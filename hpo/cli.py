@@ -66,6 +66,9 @@ def run(
     ] = Path("hpo-runs"),
     num_cpus: Annotated[int | None, typer.Option(
         min=1, help="CPUs of a local Ray (default: all)")] = None,
+    artifact_dir: Annotated[Path | None, typer.Option(
+        help="where the best trials' final models are kept as Optuna artifacts "
+             "(default: RESULTS_DIR/artifacts)", show_default=False)] = None,
 ) -> None:
     """Run a study to its budget with a live progress view, then print the best trial."""
     from hpo.spec import load_spec
@@ -87,7 +90,7 @@ def run(
             with LiveProgress(spec.budget.n_trials, err) as progress:
                 result = run_study(spec, storage, ray_address=ray_address,
                                    results_dir=results_dir, num_cpus=num_cpus,
-                                   on_change=progress.update,
+                                   artifact_dir=artifact_dir, on_change=progress.update,
                                    should_interrupt=interrupted.is_set)
         finally:
             for sig, handler in handlers.items():

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
+from hpo.models import ModelKeeper
 from hpo.space import distributions
 from hpo.spec import StudySpec
 from hpo.storage import set_trial_user_attrs, trial_id_of
@@ -111,6 +112,8 @@ class StudyRecord:
             for intermediate values (a read per result, for nothing its one user,
             the service's study summary, shows). It gets the one trial re-read from
             the storage; its exceptions are logged, never raised into the record.
+        models: keeps the final models of the best COMPLETE trials as artifacts
+            (``hpo.models``); default: none kept.
 
     A trial's ``device_seconds`` is its wall time times the devices it holds: the
     GPUs (else CPUs) of each worker times the number of workers
@@ -118,10 +121,12 @@ class StudyRecord:
     """
 
     def __init__(self, spec: StudySpec, storage: optuna.storages.BaseStorage,
-                 listener: TrialListener | None = None, compare_spec: bool = True) -> None:
+                 listener: TrialListener | None = None, compare_spec: bool = True,
+                 models: ModelKeeper | None = None) -> None:
         self.spec = spec
         self.storage = storage
         self.listener = listener
+        self.models = models
         self.study = open_study(spec, storage, compare_spec)
         self.study_id = storage.get_study_id_from_name(spec.name)
         self.distributions = distributions(spec)
@@ -384,6 +389,10 @@ class StudyRecord:
         }
         set_trial_user_attrs(self.storage, t.trial_id,
                              {k: v for k, v in attrs.items() if v is not None})
+        if state == TrialState.COMPLETE and self.models is not None:  # before tell: Optuna
+            # takes no artifact meta on a finished trial
+            self.models.trial_complete(self.storage, self.study_id, t.trial_id, values,
+                                       checkpoint or t.checkpoint)
         self.study.tell(t.number, values, state=state, skip_if_finished=True)
         t.told = True
         log.info("trial %d ended %s%s", t.number, state.name,

@@ -183,6 +183,9 @@ class StudySpec(Strict):
     resources: Resources = Field(default_factory=Resources)
     max_failures: StrictInt = Field(0, ge=0, le=100)
     warm_start: list[WarmStart] = Field(default_factory=list, max_length=1000)
+    # the final models of the best k COMPLETE trials are kept as Optuna artifacts
+    # (hpo.models); 0 keeps none
+    keep_models: StrictInt = Field(3, ge=0, le=1000)
     _one_objective: bool = PrivateAttr(False)  # given as a mapping, not as a list
 
     @model_validator(mode="wrap")

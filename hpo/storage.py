@@ -194,3 +194,29 @@ def orm_models():
     from optuna.storages._rdb import models
 
     return models
+
+
+def delete_trial_system_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
+                              keys: list[str]) -> None:
+    """Remove system attributes of a trial, finished or not (an artifact's meta, ``hpo.models``).
+
+    Optuna has no public way to remove an attribute, and refuses any write to a
+    finished trial (``UpdateFinishedTrialError``); its artifacts have no delete
+    either, and none is planned (optuna#5501, the FAQ's "how to remove artifacts":
+    ``artifact_store.remove`` only, the meta stays): an artifact's meta is the trial system
+    attribute ``artifacts:<id>`` (``optuna.artifacts._upload.ARTIFACTS_ATTR_PREFIX``)
+    and stays listed by ``get_all_artifact_meta`` and the dashboard until removed. On
+    ``RDBStorage`` this deletes the rows of Optuna's private ORM model
+    ``TrialSystemAttributeModel``; other storages are not supported.
+
+    Raises:
+        TypeError: ``storage`` is not an ``RDBStorage``.
+    """
+    if not keys:
+        return
+    if not isinstance(storage, optuna.storages.RDBStorage):
+        raise TypeError(f"cannot remove trial attributes from a {type(storage).__name__}")
+    table = models.TrialSystemAttributeModel
+    with _create_scoped_session(storage.scoped_session, True) as session:
+        session.execute(sqlalchemy.delete(table).where(table.trial_id == trial_id,
+                                                       table.key.in_(list(keys))))

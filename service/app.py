@@ -25,7 +25,7 @@ from service.logs import RequestId
 from service.metrics import HttpMetrics, Metrics
 from service.middleware import BodyLimit, MethodGuard
 from service.openapi import install_openapi
-from service.routers import audit, health, metrics, studies, tasks, tokens
+from service.routers import audit, health, metrics, models, studies, tasks, tokens
 from service.settings import Settings
 from service.studies import StudyService
 
@@ -80,8 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.dispatcher = dispatcher
     api_errors.install(app)
     app.state.metrics = Metrics(sessions, dispatcher)
-    routers = (health.router, studies.router, tasks.router, metrics.router, tokens.router,
-               audit.router)
+    routers = (health.router, studies.router, models.router, tasks.router, metrics.router,
+               tokens.router, audit.router)
     for router in routers:
         app.include_router(router)
     install_openapi(app)

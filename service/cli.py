@@ -5,6 +5,7 @@
     hpo token list | revoke NAME | quota NAME [--max-gpus G ...]
     hpo submit SPEC [--wait]       hpo status NAME     hpo trials NAME     hpo list
     hpo stop NAME                  hpo best NAME
+    hpo model NAME [--trial N] [-o FILE]                                      (service.cli_models)
 
 Client commands talk to ``--url`` / ``HPO_URL`` with ``--token`` / ``HPO_TOKEN``.
 Exit status: 0 done (``submit --wait``: the study COMPLETED); 1 the service
@@ -55,6 +56,9 @@ def register(app: typer.Typer) -> None:
     for command in (submit, status, trials, stop, best):
         app.command()(command)
     app.command("list")(list_studies)
+    from service import cli_models  # hpo model NAME [--trial N] [-o FILE]
+
+    cli_models.register(app)
 
 
 def serve(host: Annotated[str | None, typer.Option(

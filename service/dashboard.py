@@ -70,6 +70,7 @@ import io
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import quote
 
 import bottle
@@ -77,6 +78,7 @@ import optuna
 import optuna_dashboard
 import sqlalchemy as sa
 from a2wsgi import WSGIMiddleware
+from optuna.artifacts import FileSystemArtifactStore
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -132,7 +134,11 @@ ALLOWED: dict[tuple[str, str], Access] = {
 def build_dashboard(storage: optuna.storages.BaseStorage, sessions: sessionmaker,
                     settings: Settings) -> DashboardGate:
     """The gated dashboard ASGI app over ``storage``; mount it at ``/`` after the API routes."""
-    return DashboardGate(optuna_dashboard.wsgi(storage), sessions, settings)
+    # the store the drivers keep the best trials' models in (hpo.models): the dashboard
+    # lists and downloads them (GET /artifacts/..., gated below like the study)
+    store = FileSystemArtifactStore(Path(settings.artifacts_path).resolve())
+    return DashboardGate(optuna_dashboard.wsgi(storage, artifact_store=store), sessions,
+                         settings)
 
 
 def normalize_path(path: str) -> str:

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     ray_address: str | None = _var("RAY_ADDRESS", None)
     ray_auth_mode: str | None = _var("RAY_AUTH_MODE", None)
     results_dir: Path = _var("HPO_RESULTS_DIR", Path("hpo-runs"))
+    # the best trials' final models (Optuna artifacts); None: <HPO_RESULTS_DIR>/artifacts
+    artifact_dir: Path | None = _var("HPO_ARTIFACT_DIR", None)
     max_running_studies: int = _var("HPO_MAX_RUNNING_STUDIES", 2, ge=1, le=1024)
     open_reads: bool = _var("HPO_OPEN_READS", False)
     max_body_bytes: int = _var("HPO_MAX_BODY_BYTES", 1 << 20, ge=1024, le=1 << 30)
@@ -96,6 +98,13 @@ class Settings(BaseSettings):
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     @property
+    def artifacts_path(self) -> Path:
+        """Where the best trials' final models are kept, as Optuna artifacts
+        (``HPO_ARTIFACT_DIR``, else ``<HPO_RESULTS_DIR>/artifacts``); on a cluster, a path
+        the service and every driver reach."""
+        return self.artifact_dir or Path(self.results_dir) / "artifacts"
+
+    @property
     def migrate_on_start(self) -> bool:
         """Whether ``hpo serve`` upgrades outdated service tables itself (``HPO_AUTO_MIGRATE``;
         by default on SQLite only: a shared PostgreSQL is upgraded by its operator)."""
@@ -136,6 +145,7 @@ class Settings(BaseSettings):
     def worker_env(self) -> dict[str, str]:
         """The variables a study driver process needs to rebuild these settings."""
         env = {"HPO_DATABASE_URL": self.database_url, "HPO_RESULTS_DIR": str(self.results_dir),
+               "HPO_ARTIFACT_DIR": str(self.artifacts_path),
                "HPO_HEARTBEAT_S": str(self.heartbeat_s),
                "HPO_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
                "HPO_LOG_FORMAT": self.log_format}

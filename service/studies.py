@@ -19,11 +19,13 @@ from typing import Any
 import optuna
 import sqlalchemy as sa
 import sqlalchemy.exc
+from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial
 from sqlalchemy.orm import sessionmaker
 
 from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
+from hpo.models import delete_study_artifacts
 from hpo.spec import StudySpec, WarmStartStudy
 from hpo.study import create_study
 from hpo.summary import StudySummary, TrialCounts, devices_held
@@ -286,7 +288,9 @@ class StudyService:
         self.purge(name)
 
     def purge(self, name: str) -> None:
-        """Remove a DELETING study's Optuna study, result files and row."""
+        """Remove a DELETING study's kept models (artifact files), Optuna study, result files
+        and row."""
+        self._delete_artifacts(name)
         self._delete_optuna_study(name)
         results = (Path(self.settings.results_dir) / name).resolve()
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
@@ -354,6 +358,13 @@ class StudyService:
             return session.execute(sa.update(StudyRow).where(
                 StudyRow.name == name, StudyRow.status.in_(from_states)).values(
                 updated_at=utcnow(), **values).returning(StudyRow)).scalar_one_or_none()
+
+    def _delete_artifacts(self, name: str) -> None:
+        """Remove the files of the study's artifacts (their meta goes with the Optuna study)."""
+        with contextlib.suppress(KeyError):
+            study_id = self.storage.get_study_id_from_name(name)
+            store = FileSystemArtifactStore(Path(self.settings.artifacts_path).resolve())
+            delete_study_artifacts(self.storage, study_id, store)
 
     def _delete_optuna_study(self, name: str) -> None:
         with contextlib.suppress(KeyError):

@@ -129,6 +129,7 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
         try:
             outcome = run_study(spec, settings.database_url, ray_address=settings.ray_address,
                                 results_dir=settings.results_dir, listener=tracker,
+                                artifact_dir=settings.artifacts_path,
                                 compare_spec=False,  # the stored spec itself
                                 should_stop=beat.should_stop,
                                 should_interrupt=beat.should_interrupt, gate=gate,

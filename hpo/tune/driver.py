@@ -24,6 +24,7 @@ from hpo.board import StudyBoard, note_failure
 from hpo.errors import ClusterError, SpecError, public_message
 from hpo.gate import GateKeeper, TrialGate, TrialResources
 from hpo.lease import DriverLease
+from hpo.models import ModelKeeper, artifact_store
 from hpo.notes import NoteEnd
 from hpo.record import Counts, Orphan, StudyRecord, TrialListener
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
@@ -223,7 +224,8 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
               should_interrupt: Callable[[], bool] | None = None,
               listener: TrialListener | None = None,
               compare_spec: bool = True, gate: TrialGate | None = None,
-              owner: str | None = None) -> StudyOutcome:
+              owner: str | None = None,
+              artifact_dir: str | Path | None = None) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
     The dataset check (scheduler budgets against the trials' planned updates)
@@ -253,6 +255,9 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         gate: asked before each trial starts and told when it ends (``hpo.gate``); while
             it refuses, trials wait (none fails). Every slot it gave is given back by
             the time ``run_study`` returns or raises. Default: none.
+        artifact_dir: where the final models of the best trials are kept (an Optuna
+            ``FileSystemArtifactStore``, ``hpo.models``); default
+            ``<results_dir>/artifacts``.
         owner: the study's owner, for its dashboard note (``hpo.board``); default none.
 
     Raises:
@@ -277,7 +282,9 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         init_ray(ray_address, num_cpus, runtime_env)
         check_resources(spec)
         cluster_checked = True
-    record = StudyRecord(spec, storage, listener=listener, compare_spec=compare_spec)
+    models = ModelKeeper(spec, artifact_store(artifact_dir or results_dir / "artifacts"))
+    record = StudyRecord(spec, storage, listener=listener, compare_spec=compare_spec,
+                         models=models)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
     board = StudyBoard(record.study, spec, owner)
     with DriverLease(storage, spec.name):

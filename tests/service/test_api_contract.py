@@ -24,6 +24,7 @@ ROUTES = {
     "/v1/studies": {"GET", "POST"}, "/v1/studies/s": {"GET", "DELETE"},
     "/v1/studies/s/trials": {"GET"}, "/v1/studies/s/trials/0": {"GET"},
     "/v1/studies/s/stop": {"POST"},
+    "/v1/studies/s/model": {"GET"}, "/v1/studies/s/trials/0/model": {"GET"},
     "/v1/tokens": {"GET", "POST"}, "/v1/tokens/s": {"GET"}, "/v1/tokens/s/revoke": {"POST"},
     "/v1/tokens/s/quota": {"GET", "PUT"}, "/v1/audit": {"GET"},
     # FastAPI's documentation pages are Starlette routes, which take HEAD with GET
@@ -101,6 +102,8 @@ DOCUMENTED_ERRORS = {
     ("get", "/v1/studies/{name}/trials"): {401, 404, 422, 503},
     ("get", "/v1/studies/{name}/trials/{number}"): {401, 404, 422, 503},
     ("post", "/v1/studies/{name}/stop"): {401, 403, 404, 408, 409, 413, 422, 503},
+    ("get", "/v1/studies/{name}/model"): {401, 404, 422, 503},
+    ("get", "/v1/studies/{name}/trials/{number}/model"): {401, 404, 422, 503},
     ("get", "/v1/tasks"): {401, 503},
     ("get", "/v1/tokens"): {401, 403, 422, 503},
     ("post", "/v1/tokens"): {400, 401, 403, 408, 409, 413, 422, 503},
