@@ -8,10 +8,11 @@ What a browser test can count (the figure's layout title text starts with the wo
 given here):
 
 * ``hpo-lineage`` (PBT and PB2), title "PBT lineage" / "PB2 lineage": one panel
-  (subplot) per hyperparameter; in each, one trace per population member named
-  ``trial N`` (``legendgroup`` ``trial N``, in the legend once), then one trace named
-  ``exploits`` holding every exploit as a dotted edge. Members = traces named
-  ``trial N`` on the first panel's axes (``xaxis`` ``x``).
+  (subplot) per hyperparameter (the first ``MAX_PANELS``); in each, one trace per
+  population member named ``trial N`` (``legendgroup`` ``trial N``, in the legend
+  once), then one trace named ``exploits`` holding every exploit as a dotted edge.
+  Members = traces named ``trial N`` on the first panel's axes (``xaxis`` ``x``) = the
+  legend's ``trial N`` entries.
 * ``hpo-rungs`` (ASHA, Hyperband, the median stopping rule, Optuna pruners), title
   "Rungs": bars ``reached`` (trials reaching each rung) and ``stopped here by X``, and
   markers ``stopped by X`` (each pruned trial at its budget).
@@ -37,10 +38,13 @@ from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 LINEAGE_ID, RUNGS_ID, COST_ID = "hpo-lineage", "hpo-rungs", "hpo-cost"
 RUNG_SCHEDULERS = ("asha", "hyperband", "median", "optuna-pruner")
 MAX_RUNGS = 20  # budgets shown for a scheduler without rungs (its evaluation steps, thinned)
+MAX_BRACKETS = 100  # brackets, and rungs per bracket, listed of a scheduler's rungs
+MAX_PANELS = 6  # hyperparameters in the lineage chart (the search space's first), 450 px high
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 COLORS = qualitative.Plotly
 # plotly's default template adds 6.5 kB to every figure's JSON (four more study
-# attributes per write); the dashboard draws the figure on its own background
+# attributes per write); the dashboard draws the figure on its own background. No figure
+# sets a height: the dashboard draws each in a box 450 px high, half the page wide.
 TEMPLATE = "none"
 
 
@@ -103,15 +107,14 @@ def lineage_figure(spec: StudySpec, trials: Sequence[FrozenTrial]) -> go.Figure:
     Exploits come from the trials' ``exploits`` attribute (``hpo.record``: ``donor_trial``,
     ``step``, ``old``, ``new``); one without a known donor has no edge.
     """
-    names = list(spec.search_space)
+    names = list(spec.search_space)[:MAX_PANELS]
     members = sorted((t for t in trials if t.state != TrialState.WAITING),
                      key=lambda t: t.number)
-    by_number = {t.number: t for t in members}
-    fig = make_subplots(rows=max(1, len(names)), cols=1, shared_xaxes=True,
-                        subplot_titles=names or None, vertical_spacing=0.08)
+    rows = max(1, len(names))
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, subplot_titles=names or None,
+                        vertical_spacing=0.25 / rows)
     for row, name in enumerate(names, start=1):
-        categorical = isinstance(spec.search_space[name], CategoricalParam)
-        show = _shown(categorical)
+        show = _shown(isinstance(spec.search_space[name], CategoricalParam))
         schedules = {t.number: schedule(t, name) for t in members}
         for i, t in enumerate(members):
             points = schedules[t.number]
@@ -120,31 +123,40 @@ def lineage_figure(spec: StudySpec, trials: Sequence[FrozenTrial]) -> go.Figure:
                 mode="lines+markers", name=f"trial {t.number}",
                 legendgroup=f"trial {t.number}", showlegend=row == 1,
                 line={"color": COLORS[i % len(COLORS)]}), row=row, col=1)
-        xs, ys, texts = [], [], []
-        for t in members:
-            for e in t.user_attrs.get("exploits", []):
-                donor = by_number.get(e.get("donor_trial"))
-                if donor is None or e.get("step") is None:
-                    continue
-                step = e["step"]
-                text = f"trial {donor.number} → trial {t.number} at step {step}"
-                xs += [step, step, None]
-                ys += [show(value_at(schedules[donor.number], step)),
-                       show(e["new"].get(name)), None]
-                texts += [text, text, None]
+        xs, ys, texts = exploit_edges(members, schedules, name)
         fig.add_trace(go.Scatter(
-            x=xs, y=ys, text=texts, mode="lines+markers", name="exploits",
-            legendgroup="exploits", showlegend=row == 1, hoverinfo="text",
+            x=xs, y=[show(v) for v in ys], text=texts, mode="lines+markers",
+            name="exploits", legendgroup="exploits", showlegend=row == 1, hoverinfo="text",
             line={"color": "gray", "dash": "dot"}, marker={"symbol": "arrow-up"}),
             row=row, col=1)
         if getattr(spec.search_space[name], "log", False):
             fig.update_yaxes(type="log", row=row, col=1)
-    fig.update_xaxes(title_text="optimizer updates", row=max(1, len(names)), col=1)
-    fig.update_layout(
-        title_text=f"{spec.scheduler.name.upper()} lineage: each member's hyperparameters "
-                   f"over optimizer updates; dotted: exploits (donor → receiver)",
-        height=max(400, 240 * len(names)), template=TEMPLATE)
+    fig.update_xaxes(title_text="optimizer updates", row=rows, col=1)
+    more = len(spec.search_space) - len(names)
+    fig.update_layout(template=TEMPLATE, title_text=(
+        f"{spec.scheduler.name.upper()} lineage (dotted: exploits, donor → receiver)"
+        + (f"; {more} more hyperparameters not shown" if more > 0 else "")))
     return fig
+
+
+def exploit_edges(members: Sequence[FrozenTrial], schedules: dict[int, list[tuple[int, Any]]],
+                  name: str) -> tuple[list, list, list]:
+    """The exploits of ``members`` as edges of one panel, ``(xs, ys, texts)`` with ``None``
+    between edges: at the exploit's step, from the donor's value of ``name`` then
+    (:func:`value_at` its schedule) to the receiver's new value."""
+    xs: list = []
+    ys: list = []
+    texts: list = []
+    for t in members:
+        for e in t.user_attrs.get("exploits", []):
+            donor, step = e.get("donor_trial"), e.get("step")
+            if donor not in schedules or step is None:
+                continue
+            text = f"trial {donor} → trial {t.number} at step {step}"
+            xs += [step, step, None]
+            ys += [value_at(schedules[donor], step), e["new"].get(name), None]
+            texts += [text, text, None]
+    return xs, ys, texts
 
 
 def _shown(categorical: bool):
@@ -167,48 +179,66 @@ def rung_budgets(spec: StudySpec, trials: Sequence[FrozenTrial]) -> list[float]:
     pruner (a given ``min_resource``) and Hyperband pruner their rungs' completion steps.
     ``max_t`` not given: the most updates a trial planned or reached. Other schedulers
     (the median rule, Optuna's median, percentile, Wilcoxon, patient pruners) have no
-    rungs: their trials' evaluation steps, at most ``MAX_RUNGS`` of them evenly picked.
+    rungs: their trials' evaluation steps. At most ``MAX_RUNGS`` budgets, evenly picked.
     """
     s = spec.scheduler
     reached = [step for t in trials if (step := last_step(t)) is not None]
     planned = [t.user_attrs["planned_updates"] for t in trials
                if t.user_attrs.get("planned_updates")]
     top = getattr(s, "max_t", None) or max(planned + reached, default=0)
-    budgets: set[float] = set()
+    budgets = scheduler_rungs(spec, top)
+    if not budgets:
+        budgets = {step for t in trials for step in t.intermediate_values} | set(reached)
+    return _thin(sorted(float(b) for b in budgets))
+
+
+def scheduler_rungs(spec: StudySpec, top: float) -> set[float]:
+    """The rungs of the study's scheduler up to ``top`` updates (see :func:`rung_budgets`);
+    empty for a scheduler without rungs. At most ``MAX_BRACKETS`` brackets and
+    ``MAX_BRACKETS`` rungs per bracket are listed (a reduction factor near 1 has more)."""
+    s, budgets = spec.scheduler, set()
     if s.name == "asha" and top >= s.grace_period:
-        for b in range(s.brackets):
+        for b in range(min(s.brackets, MAX_BRACKETS)):
             n = int(math.log(top / s.grace_period) / math.log(s.reduction_factor) - b + 1)
-            budgets |= {s.grace_period * s.reduction_factor ** (k + b) for k in range(n)}
+            budgets |= {s.grace_period * s.reduction_factor ** (k + b)
+                        for k in range(min(n, MAX_BRACKETS))}
         budgets.add(top)
     elif s.name == "hyperband" and top >= 1:
         eta = s.reduction_factor
-        for b in range(int(round(math.log(top) / math.log(eta))) + 1):
+        for b in range(min(int(round(math.log(top) / math.log(eta))) + 1, MAX_BRACKETS)):
             r = int(top * eta ** -b)
-            while 0 < r < top:
+            for _ in range(MAX_BRACKETS):
+                if not 0 < r < top:
+                    break
                 budgets.add(r)
                 r = int(min(r * eta, top))
         budgets.add(top)
     elif s.name == "optuna-pruner" and s.pruner.name == "successive-halving" \
             and s.pruner.min_resource != "auto":
         p = s.pruner
-        k = p.min_early_stopping_rate
-        while (b := p.min_resource * p.reduction_factor ** k) <= top:
-            budgets.add(b)
-            k += 1
+        budgets = _geometric(p.min_resource * p.reduction_factor ** p.min_early_stopping_rate,
+                             p.reduction_factor, top)
     elif s.name == "optuna-pruner" and s.pruner.name == "hyperband":
         p = s.pruner
         high = top if p.max_resource == "auto" else p.max_resource
-        k = 0
-        while (b := p.min_resource * p.reduction_factor ** k) <= high:
-            budgets.add(b)
-            k += 1
-    if budgets:
-        return sorted(budgets)
-    steps = sorted({step for t in trials for step in t.intermediate_values} | set(reached))
-    if len(steps) <= MAX_RUNGS:
-        return [float(x) for x in steps]
-    return [float(steps[round(i * (len(steps) - 1) / (MAX_RUNGS - 1))])
-            for i in range(MAX_RUNGS)]
+        budgets = _geometric(p.min_resource, p.reduction_factor, high)
+    return budgets
+
+
+def _geometric(low: float, factor: float, high: float) -> set[float]:
+    """``low * factor**k`` up to ``high``, at most ``MAX_BRACKETS`` of them."""
+    out, b = set(), low
+    while b <= high and len(out) < MAX_BRACKETS:
+        out.add(b)
+        b *= factor
+    return out
+
+
+def _thin(budgets: list[float]) -> list[float]:
+    """At most ``MAX_RUNGS`` of ascending ``budgets``, evenly picked, first and last kept."""
+    if len(budgets) <= MAX_RUNGS:
+        return budgets
+    return [budgets[round(i * (len(budgets) - 1) / (MAX_RUNGS - 1))] for i in range(MAX_RUNGS)]
 
 
 def reach(trial: FrozenTrial, top: float) -> float:
@@ -271,8 +301,7 @@ def rung_figure(spec: StudySpec, trials: Sequence[FrozenTrial]) -> go.Figure:
     fig.update_xaxes(title_text="stopped at (optimizer updates)", row=2, col=1)
     fig.update_yaxes(title_text="trials", row=1, col=1)
     fig.update_yaxes(title_text="trial number", row=2, col=1)
-    fig.update_layout(title_text=f"Rungs of {spec.scheduler.name}: trials reaching each, and "
-                                 f"who stopped the others", barmode="group", height=700,
+    fig.update_layout(title_text=f"Rungs of {spec.scheduler.name}", barmode="group",
                       template=TEMPLATE)
     return fig
 
@@ -324,8 +353,7 @@ def cost_figure(spec: StudySpec, trials: Sequence[FrozenTrial],
     fig.update_xaxes(title_text="trial number", row=1, col=1)
     fig.update_xaxes(title_text=f"cumulative {unit}", row=2, col=1)
     fig.update_yaxes(title_text=unit, row=1, col=1)
-    fig.update_layout(title_text=f"Cost: {round(total, 3):g} {unit} in all, and what they "
-                                 f"bought", barmode="stack", height=700,
+    fig.update_layout(title_text=f"Cost: {round(total, 3):g} {unit} in all", barmode="stack",
                       template=TEMPLATE)
     return fig
 

@@ -111,6 +111,16 @@ def test_an_exploit_without_a_known_donor_has_no_edge():
     assert list([t for t in fig.data if t.xaxis == "x"][3].x) == [40, 40, None]
 
 
+def test_lineage_shows_the_first_six_hyperparameters_and_says_how_many_more():
+    space = {f"p{i}": {"type": "float", "low": 0.0, "high": 1.0} for i in range(8)}
+    spec = spec_of({"name": "pbt", "perturbation_interval": 20}, space=space)
+    members = [trial(n, value=0.5, steps=(10,)) for n in range(3)]
+    fig = lineage_figure(spec, members)
+    assert [a.text for a in fig.layout.annotations] == [f"p{i}" for i in range(6)]
+    assert len(fig.data) == 6 * 4
+    assert fig.layout.title.text.endswith("; 2 more hyperparameters not shown")
+
+
 # -- rungs ---------------------------------------------------------------------------------
 
 def rung_trials():
