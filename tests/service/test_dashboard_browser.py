@@ -1,10 +1,18 @@
 """A headless Chromium logs in through the dashboard's login form, then loads the dashboard of a
-finished study and renders its charts and its trials (Debian's /usr/bin/chromium; skipped where
-it is absent). Chromium is driven over the DevTools protocol on a pipe
-(``--remote-debugging-pipe``: fd 3 in, fd 4 out, one JSON message per NUL-terminated line)."""
+finished study and renders its charts and its trials; and for a PBT study run on Ray, the page
+shows the metric's name on the history plot's axis, the study's note, learning curves with
+points and the lineage chart with one trace per member (issue 16, point 5).
+
+Debian's /usr/bin/chromium (``.ci/run`` installs it where it is absent; skipped, saying so,
+where it cannot be found). Chromium is driven over the DevTools protocol on a pipe
+(``--remote-debugging-pipe``: fd 3 in, fd 4 out, one JSON message per NUL-terminated line).
+Every step leaves a screenshot, ``NN-step.png``, in the test's ``tmp_path / "screenshots"``,
+for people to look at when a test fails.
+"""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -17,6 +25,8 @@ import httpx
 import optuna
 import pytest
 
+from hpo.spec import parse_spec
+from hpo.tune.driver import run_study
 from service.app import create_app
 from service.auth import create_token
 from tests.service.conftest import bearer, free_port, serve_in_thread, tiny_spec
@@ -30,19 +40,21 @@ pytestmark = [pytest.mark.server,
 class Chromium:
     """One headless Chromium with a fresh profile, one page, driven over the DevTools pipe."""
 
-    def __init__(self, profile_dir) -> None:
+    def __init__(self, profile_dir, screenshots_dir) -> None:
         to_chrome, self._write = os.pipe()
         self._read, from_chrome = os.pipe()
         # Chromium reads commands on fd 3 and writes answers on fd 4
         wrap = f'exec 3<&{to_chrome} 4>&{from_chrome} {to_chrome}<&- {from_chrome}>&-; exec "$@"'
         self.proc = subprocess.Popen(
             ["bash", "-c", wrap, "bash", CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-             "--remote-debugging-pipe", f"--user-data-dir={profile_dir}", "about:blank"],
+             "--remote-debugging-pipe", f"--user-data-dir={profile_dir}",
+             "--window-size=1400,1000", "about:blank"],
             pass_fds=(to_chrome, from_chrome), stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         os.close(to_chrome)
         os.close(from_chrome)
         self._buffer, self._next_id, self.events = b"", 0, []
+        self.screenshots_dir, self.n_screenshots = screenshots_dir, 0
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target,
                                  flatten=True)["sessionId"]
@@ -88,6 +100,25 @@ class Chromium:
                 return dom
             time.sleep(0.25)
 
+    def when(self, expression: str, timeout_s: float = 120):
+        """The value of the JavaScript ``expression`` once it is truthy (its last value, falsy,
+        after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = self.evaluate(expression)
+            if value or time.monotonic() > deadline:
+                return value
+            time.sleep(0.25)
+
+    def screenshot(self, step: str) -> None:
+        """The whole page as ``NN-step.png`` in the screenshots directory."""
+        self.n_screenshots += 1
+        self.screenshots_dir.mkdir(parents=True, exist_ok=True)
+        data = self.call("Page.captureScreenshot", session=True, format="png",
+                         captureBeyondViewport=True)["data"]
+        (self.screenshots_dir / f"{self.n_screenshots:02d}-{step}.png").write_bytes(
+            base64.b64decode(data))
+
     def _receive(self, deadline: float) -> dict:
         while b"\0" not in self._buffer:
             ready, _, _ = select.select([self._read], [], [], max(0.0, deadline -
@@ -125,7 +156,7 @@ def served(settings):
 
 @pytest.fixture
 def chromium(tmp_path):
-    browser = Chromium(tmp_path / "profile")
+    browser = Chromium(tmp_path / "profile", tmp_path / "screenshots")
     yield browser
     browser.close()
 
@@ -147,6 +178,7 @@ def test_dashboard_of_a_finished_study_renders_after_logging_in(served, chromium
 
     chromium.open(f"{url}/dashboard/studies/{sid}?token={token}")  # the address gives no login
     refused = chromium.dom_when("Token needed")
+    chromium.screenshot("login-form")
     assert "Token needed" in refused and "js-plotly-plot" not in refused
     assert chromium.evaluate("document.querySelector('input[name=next]').value") == \
         f"/dashboard/studies/{sid}"
@@ -155,6 +187,7 @@ def test_dashboard_of_a_finished_study_renders_after_logging_in(served, chromium
                       "document.querySelector('form').submit()")
     chromium.wait_for_load()  # the form's POST, its redirect to the study's page
     page = chromium.dom_when("js-plotly-plot", "main-svg", "Best Trial (number=4)")
+    chromium.screenshot("study-page")
     assert "js-plotly-plot" in page and "main-svg" in page  # plotly drew its charts
     text = _text(page)
     assert "browser (id=" in text and "History" in text
@@ -162,5 +195,77 @@ def test_dashboard_of_a_finished_study_renders_after_logging_in(served, chromium
 
     chromium.open(f"{url}/dashboard/studies/{sid}/trials")
     trials = _text(chromium.dom_when("5 Trials", "Trial 4"))
+    chromium.screenshot("trial-list")
     assert "5 Trials" in trials
     assert all(f"Trial {n}" in trials for n in range(5)) and "Complete" in trials
+
+
+PBT_SPEC = {  # three toy members, 12 optimizer updates each, an exploit round every 6
+    "name": "browser-pbt", "task": "toy-hpo",
+    "config": {"max_updates": 12, "max_epochs": None, "eval_interval": 3,
+               "micro_batch_size": 8},
+    "search_space": {"quality": {"type": "float", "low": 0.0, "high": 10.0}},
+    "objective": {"metric": "val_loss"},
+    "sampler": {"name": "random", "seed": 1},
+    "scheduler": {"name": "pbt", "perturbation_interval": 6},
+    "budget": {"n_trials": 3, "max_concurrent_trials": 3},
+    "resources": {"cpus": 0.5},
+}
+# what the page drew, read from plotly's own state of each graph div (its ``data``) and
+# from the SVG it rendered (axis titles, legend entries, points)
+HISTORY_Y_TITLE = ("[...document.querySelectorAll('#plot-history .ytitle')]"
+                   ".map(e => e.textContent)")
+CURVE_POINTS = ("(() => { const el = document.getElementById('graph-intermediate-values');"
+                " if (!el || !el.data) return null;"
+                " return {traces: el.data.filter(t => t.x && t.x.length > 0).length,"
+                " points: el.querySelectorAll('.scatterlayer .point').length}; })()")
+LINEAGE = ("(() => { const el = document.getElementById('user-defined-plot:hpo-lineage');"
+           " if (!el || !el.data) return null;"
+           " return {members: el.data.filter(t => /^trial \\d+$/.test(t.name)"
+           " && (t.xaxis || 'x') === 'x').map(t => t.name),"
+           " legend: [...el.querySelectorAll('.legend .traces .legendtext')]"
+           ".map(e => e.textContent)}; })()")
+HEADINGS = "[...document.querySelectorAll('h1, h2')].map(e => e.textContent)"
+
+
+@pytest.mark.slow
+def test_a_finished_pbt_study_shows_metric_name_note_learning_curves_and_lineage(
+        served, settings, chromium, ray_session, tmp_path):
+    app, url = served
+    token = create_token(app.state.components.sessions, "alice")
+    created = httpx.post(f"{url}/v1/studies", json=PBT_SPEC, headers=bearer(token))
+    assert created.status_code == 201, created.text
+    # the service's driver, in this process (the app runs no dispatcher): the same call
+    out = run_study(parse_spec(PBT_SPEC), settings.database_url, results_dir=tmp_path / "ray",
+                    compare_spec=False, owner="alice")
+    assert (out.counts.complete, out.counts.failed) == (3, 0)
+    sid = app.state.components.studies.storage.get_study_id_from_name("browser-pbt")
+
+    chromium.open(f"{url}/dashboard/studies/{sid}")
+    chromium.dom_when("Token needed")
+    chromium.evaluate(f"document.querySelector('input[name=token]').value = {token!r};"
+                      "document.querySelector('form').submit()")
+    chromium.wait_for_load()
+    lineage = chromium.when(f"(() => {{ const v = {LINEAGE}; "
+                            "return v && v.legend.length ? v : null; })()")
+    titles = chromium.when(f"(() => {{ const v = {HISTORY_Y_TITLE}; "
+                           "return v.length ? v : null; })()")
+    curves = chromium.when(f"(() => {{ const v = {CURVE_POINTS}; "
+                           "return v && v.points ? v : null; })()")
+    chromium.screenshot("pbt-study-page")
+    assert titles == ["val_loss"]  # the metric's name, not "Objective 0"
+    # a learning curve per member, each evaluated 4 times (steps 3, 6, 9, 12)
+    assert curves == {"traces": 3, "points": 12}, curves
+    # one trace per member on the first panel, each in the legend once (then "exploits",
+    # drawn only when an exploit happened)
+    assert sorted(lineage["members"]) == ["trial 0", "trial 1", "trial 2"], lineage
+    assert [n for n in lineage["legend"] if n != "exploits"] == ["trial 0", "trial 1",
+                                                                   "trial 2"], lineage
+
+    chromium.open(f"{url}/dashboard/studies/{sid}/note")  # the note has a page of its own
+    headings = chromium.when(f"(() => {{ const v = {HEADINGS}; "
+                             "return v.includes('Outcome') ? v : null; })()")
+    chromium.screenshot("pbt-note")
+    assert headings and {"browser-pbt", "Search space", "Outcome"} <= set(headings), headings
+    text = _text(chromium.evaluate("document.documentElement.outerHTML"))
+    assert "COMPLETED" in text and "toy-hpo" in text and "alice" in text
