@@ -60,7 +60,9 @@ def test_reading_it_through_v1_answers_404_pointing_whoever_sees_it_to_the_dashb
         client, tokens, foreign):
     for path in (f"/v1/studies/{FOREIGN_STUDY}", f"/v1/studies/{FOREIGN_STUDY}/trials",
                  f"/v1/studies/{FOREIGN_STUDY}/trials?intermediate=true",
-                 f"/v1/studies/{FOREIGN_STUDY}/trials/0"):
+                 f"/v1/studies/{FOREIGN_STUDY}/trials/0",
+                 f"/v1/studies/{FOREIGN_STUDY}/model",
+                 f"/v1/studies/{FOREIGN_STUDY}/trials/0/model"):
         for who, message in [("admin", READ_HINT), ("viewer", READ_HINT),
                              ("alice", NOT_FOUND), ("bob", NOT_FOUND)]:
             assert _error(client.get(path, headers=bearer(tokens[who])), 404) == message, \
