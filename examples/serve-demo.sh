@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, as `make demo` runs it: start `hpo serve` (SQLite + a local Ray), submit a
-# study over REST, follow its progress, print the best trial and the dashboard address,
-# then shut the server down cleanly.
+# study over REST, follow its progress, print the best trial, download its model
+# (hpo model), shut the server down cleanly, and end by pointing to the study's dashboard
+# page and to the best model's commands (hpo model, python -m trainers evaluate).
 #
 #   examples/serve-demo.sh [SPEC]        (default: examples/digits-tpe-asha.yaml)
 #
@@ -64,22 +65,41 @@ NAME=$("$BIN/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]
        "$SPEC")
 echo "== submitting $SPEC over REST (POST /v1/studies)"
 "$BIN/hpo" submit "$SPEC" --wait
-"$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" "$KEEP" <<'PY'
+if "$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" "$KEEP" "$BIN" "$DIR" \
+        <<'PY'
 import sys
 
 import httpx
 
 url, token, name, minimum = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+keep, bin_dir, demo_dir = sys.argv[5], sys.argv[6], sys.argv[7]
 study = httpx.get(f"{url}/v1/studies/{name}", headers={"Authorization": f"Bearer {token}"}).json()
 best = study["best_trial"]["value"]
 print(f"== best val_accuracy {best:.4f} (goal >= {minimum}); "
       f"{study['device_seconds']:.0f} CPU-seconds used")
-print(f"== dashboard: {url}{study['dashboard_url']} - log in with the token {token}")
-if sys.argv[5] == "0":
+if keep == "0":
     print("== (the server stops now; DEMO_KEEP=1 make demo keeps it serving the dashboard)")
+# the pointers the demo ends with (shown last, once the model is downloaded)
+with open(f"{demo_dir}/next-steps.txt", "w") as f:
+    f.write(f"== study page: {url}{study['dashboard_url']} - log in with the token {token}\n"
+            f"== best model (trial {study['best_trial']['number']}), while the server runs: "
+            f"HPO_URL={url} HPO_TOKEN={token} {bin_dir}/hpo model {name} -o best.pt\n"
+            f"==   evaluate the copy this demo saved: {bin_dir}/python -m trainers evaluate "
+            f"{demo_dir}/best.pt\n")
 sys.exit(0 if best >= minimum else 1)
 PY
+then
+    OK=1
+else
+    OK=0
+fi
+echo "== downloading the best trial's model (hpo model $NAME -o $DIR/best.pt)"
+"$BIN/hpo" model "$NAME" -o "$DIR/best.pt"
 
+if [ "$KEEP" = "0" ]; then
+    stop_server
+fi
+cat "$DIR/next-steps.txt"
 if [ "$KEEP" = "1" ]; then
     echo "== serving the dashboard until Ctrl-C"
     wait "$SERVER" || true
@@ -87,3 +107,4 @@ elif [ "$KEEP" = "enter" ]; then
     echo "== serving the dashboard until you press Enter or Ctrl-C"
     read -r _ || true
 fi
+[ "$OK" = "1" ]

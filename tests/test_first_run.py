@@ -23,18 +23,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 STAND_IN = textwrap.dedent('''\
     #!{python}
-    """A stand-in for the hpo CLI: token create, serve (readyz + one study), submit."""
+    """A stand-in for the hpo CLI: token create, serve (readyz + one study), submit, model."""
     import http.server, json, os, signal, sys
     command = sys.argv[1]
     if command == "token":
         print("hpo_demo_token")
     elif command == "submit":
         print("study submitted", file=sys.stderr)
+    elif command == "model":  # hpo model NAME -o FILE
+        with open(sys.argv[sys.argv.index("-o") + 1], "wb") as f:
+            f.write(b"model")
+        print("wrote", sys.argv[sys.argv.index("-o") + 1])
     elif command == "serve":
         class Answer(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 body = b"{{}}" if self.path == "/readyz" else json.dumps({{
-                    "best_trial": {{"value": 0.99}}, "device_seconds": 12.0,
+                    "best_trial": {{"value": 0.99, "number": 7}}, "device_seconds": 12.0,
                     "dashboard_url": "/dashboard/studies/1"}}).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
@@ -74,6 +78,23 @@ def test_off_a_terminal_the_demo_stops_and_says_how_to_keep_it(tmp_path):
         in proc.stdout
     assert "until you press Enter" not in proc.stdout
     assert "== server stopped cleanly" in proc.stdout
+
+
+def test_the_demo_ends_pointing_to_the_study_page_and_the_best_models_commands(tmp_path):
+    env = _env(tmp_path)
+    proc = subprocess.run(["bash", "examples/serve-demo.sh"], cwd=REPO, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    url, bin_dir, demo = f"http://127.0.0.1:{env['DEMO_PORT']}", env["BIN"], env["DEMO_DIR"]
+    assert (Path(demo) / "best.pt").read_bytes() == b"model"  # downloaded while serving
+    lines = proc.stdout.splitlines()
+    assert lines.index("== server stopped cleanly") < len(lines) - 3
+    assert lines[-3:] == [
+        f"== study page: {url}/dashboard/studies/1 - log in with the token hpo_demo_token",
+        f"== best model (trial 7), while the server runs: HPO_URL={url} "
+        f"HPO_TOKEN=hpo_demo_token {bin_dir}/hpo model digits-tpe-asha -o best.pt",
+        f"==   evaluate the copy this demo saved: {bin_dir}/python -m trainers evaluate "
+        f"{demo}/best.pt"]
 
 
 def test_on_a_terminal_the_demo_serves_until_enter(tmp_path):

@@ -34,7 +34,9 @@ from tests.service.conftest import bearer, free_port, serve_in_thread, tiny_spec
 CHROMIUM = os.environ.get("HPO_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                                 reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")]
+                                 reason=f"no Chromium at {CHROMIUM}: install Debian's "
+                                 "(apt-get install chromium; .ci/run does where it may) or "
+                                 "set HPO_TEST_CHROMIUM to a Chromium")]
 
 
 class Chromium:
