@@ -13,6 +13,7 @@ for people to look at when a test fails.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -160,6 +161,10 @@ def served(settings):
 def chromium(tmp_path):
     browser = Chromium(tmp_path / "profile", tmp_path / "screenshots")
     yield browser
+    # the page as the test left it, passed or failed (a failed step's own may be missing);
+    # with Chromium gone there is nothing to show
+    with contextlib.suppress(AssertionError, OSError):
+        browser.screenshot("end")
     browser.close()
 
 
