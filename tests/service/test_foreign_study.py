@@ -2,7 +2,8 @@
 row of the service) never breaks ``/v1`` and is shown read-only in the dashboard (issue 16,
 point 4): ``/v1`` lists none of it, reads answer 404 (pointing those who see every study to the
 dashboard), stop and delete 409 for admins, create with its name 409 naming it; the dashboard
-shows it to admins and viewers, not to members, and refuses its notes to everyone."""
+shows it to admins and viewers, not to members, and refuses its notes to everyone. On SQLite
+and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from service.app import create_app
 from service.auth import create_token
 from service.dashboard import FOREIGN
 from service.db import StudyRow
+from service.settings import Settings
 from tests.service.conftest import TestClient, bearer, tiny_spec
+
+pytestmark = pytest.mark.filterwarnings(  # set_metric_names, as an Optuna user calls it
+    "ignore::optuna.exceptions.ExperimentalWarning")
 
 FOREIGN_STUDY = "made-with-optuna"
 READ_HINT = (f"study {FOREIGN_STUDY!r} was made outside the service, directly with Optuna: "
@@ -23,6 +28,11 @@ WRITE_REFUSAL = (f"study {FOREIGN_STUDY!r} was made outside the service, directl
                  "Optuna: the service does not stop or delete it (Optuna's own API or "
                  "`optuna delete-study` does)")
 NOT_FOUND = f"no study named {FOREIGN_STUDY!r}"
+
+
+@pytest.fixture
+def settings(db_url, tmp_path) -> Settings:
+    return Settings(database_url=db_url, results_dir=tmp_path / "results", run_dispatcher=False)
 
 
 @pytest.fixture
