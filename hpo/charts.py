@@ -280,8 +280,8 @@ def rung_figure(spec: StudySpec, trials: Sequence[FrozenTrial]) -> go.Figure:
     budgets = rung_budgets(spec, trials)
     reached, stopped = rung_counts(trials, budgets)
     labels = [f"{b:g}" for b in budgets]
-    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.15, subplot_titles=[
-        "trials reaching each rung (optimizer updates)",
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2, subplot_titles=[
+        "trials reaching each rung (its budget in optimizer updates)",
         "pruned trials: who stopped each, at which budget"])
     fig.add_trace(go.Bar(x=labels, y=reached, name="reached", text=reached), row=1, col=1)
     for i, (by, counts) in enumerate(sorted(stopped.items())):
@@ -296,8 +296,7 @@ def rung_figure(spec: StudySpec, trials: Sequence[FrozenTrial]) -> go.Figure:
             name=f"stopped by {by}", legendgroup=by, marker={"color": color},
             text=[f"trial {t.number} stopped by {by} at {reach(t, 0):g} updates"
                   for t in pruned], hoverinfo="text"), row=2, col=1)
-    fig.update_xaxes(title_text="rung budget (optimizer updates)", type="category",
-                     row=1, col=1)
+    fig.update_xaxes(type="category", row=1, col=1)  # its title: the panel's
     fig.update_xaxes(title_text="stopped at (optimizer updates)", row=2, col=1)
     fig.update_yaxes(title_text="trials", row=1, col=1)
     fig.update_yaxes(title_text="trial number", row=2, col=1)
@@ -326,8 +325,9 @@ def cost_figure(spec: StudySpec, trials: Sequence[FrozenTrial],
     """
     unit = f"{device_kind.upper()}-seconds"
     done = finish_order(trials)
-    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.15, subplot_titles=[
-        f"{unit} per trial", f"best value so far against the total {unit} spent"])
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2, subplot_titles=[
+        f"{unit} per trial (by trial number)",
+        f"best value so far against the total {unit} spent"])
     for state in FINISHED:
         some = sorted((t for t in done if t.state == state), key=lambda t: t.number)
         if some:
@@ -350,7 +350,6 @@ def cost_figure(spec: StudySpec, trials: Sequence[FrozenTrial],
         fig.add_trace(go.Scatter(x=xs, y=ys, text=texts, mode="lines+markers",
                                  line_shape="hv", name=f"best {objective.metric} so far"),
                       row=2, col=1)
-    fig.update_xaxes(title_text="trial number", row=1, col=1)
     fig.update_xaxes(title_text=f"cumulative {unit}", row=2, col=1)
     fig.update_yaxes(title_text=unit, row=1, col=1)
     fig.update_layout(title_text=f"Cost: {round(total, 3):g} {unit} in all", barmode="stack",
