@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,24 +53,32 @@ def model_from_checkpoint(path: str | Path, origin: Mapping[str, Any] | None = N
     """The model file's content (see the module doc) from a checkpoint directory.
 
     Args:
-        path: a checkpoint directory (``state.pt`` inside), or a checkpoint root
-            (its newest checkpoint is used).
+        path: a checkpoint directory (``state.pt`` inside, or a sharded one of
+            ``parallelism: fsdp``, ``trainers.dcp``: its full weights are gathered in
+            this process), or a checkpoint root (its newest checkpoint is used).
         origin: provenance kept as the file's ``origin`` (JSON-compatible values).
 
     Raises:
         CheckpointError: nothing loadable at ``path``, or the checkpoint lacks the
             model's weights, task or config.
     """
-    state = ckpt.load_checkpoint(Path(path))
+    path = Path(path)
+    if not any((path / name).is_file() for name in (ckpt.STATE_FILE, ckpt.SHARDED_STATE_FILE)):
+        path = ckpt.latest_checkpoint(path) or path
+    sharded = (path / ckpt.SHARDED_STATE_FILE).is_file()
+    state = _load(path / ckpt.SHARDED_STATE_FILE) if sharded else ckpt.load_checkpoint(path)
     try:
         config, ema = state["config"], state.get("ema")
         use_ema = ema is not None and config.get("eval_with_ema", True)
+        if sharded:
+            weights = _sharded_weights(path, state, "ema" if use_ema else "model")
+        else:
+            weights = ema["module"] if use_ema else state["model"]
         history = state.get("history") or []
         return {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "task": state["task"], "options": dict(state["options"]), "config": dict(config),
-            "weights": ema["module"] if use_ema else state["model"],
-            "weights_kind": "ema" if use_ema else "model",
+            "weights": weights, "weights_kind": "ema" if use_ema else "model",
             "step": int(state["trainer"]["step"]),
             "metrics": dict(history[-1]) if history else {},
             "origin": dict(origin or {}),
@@ -77,6 +86,33 @@ def model_from_checkpoint(path: str | Path, origin: Mapping[str, Any] | None = N
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"checkpoint at {path} lacks {e} (not a trainers checkpoint?)"
                               ) from None
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same here
+        raise CheckpointError(f"cannot read checkpoint {path.parent}: {type(e).__name__}: {e}"
+                              ) from None
+
+
+def _sharded_weights(path: Path, state: dict[str, Any], key: str) -> dict[str, Any]:
+    """The full ``key`` ("model" or "ema") weights of a sharded checkpoint, gathered into a
+    freshly built model of its task in this process (DCP reshards on load)."""
+    import torch.distributed.checkpoint as dcp
+
+    params = {**state["config"], **state["options"], "checkpoint_dir": None, "device": "cpu",
+              "parallelism": "ddp"}
+    task, config = create(state["task"], params)
+    wanted = {key: task.build_model(config).state_dict()}
+    try:
+        with warnings.catch_warnings():  # "torch.distributed is disabled": one process, meant
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(wanted, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    except Exception as e:  # noqa: BLE001 - DCP raises its own CheckpointException and more
+        raise CheckpointError(f"cannot read the {key} weights of checkpoint {path.name}: "
+                              f"{type(e).__name__}: {e}") from None
+    return wanted[key]
 
 
 def save_model_file(model: Mapping[str, Any], path: str | Path) -> Path:
@@ -134,6 +170,8 @@ def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None
     """
     params = {**model["config"], **model["options"], **dict(overrides or {})}
     params["checkpoint_dir"] = None  # evaluation writes nothing
+    if "parallelism" in params:  # one process holds the whole model (FSDP's were gathered)
+        params["parallelism"] = "ddp"
     task, config = create(model["task"], params)
     run = build_run(task, config)
     try:

@@ -77,6 +77,20 @@ def test_evaluating_the_file_gives_the_runs_final_metrics(tmp_path, ema):
     assert list(tmp_path.glob(".*.tmp")) == []  # written atomically, no leftover
 
 
+def test_a_sharded_fsdp_checkpoint_gives_the_full_weights_and_the_runs_metrics(tmp_path):
+    result = _train(tmp_path, ema_decay=0.8, parallelism="fsdp")  # one process: one shard
+    assert (ckpt.latest_checkpoint(tmp_path / "ckpt") / ckpt.SHARDED_STATE_FILE).is_file()
+    model = model_from_checkpoint(tmp_path / "ckpt")
+    assert model["weights_kind"] == "ema" and model["config"]["parallelism"] == "fsdp"
+    plain = trainers.create("digits", {**TINY, "device": "cpu"})[0].build_model(
+        trainers.TrainConfig()).state_dict()
+    assert model["weights"].keys() == plain.keys()
+    assert all(type(t) is torch.Tensor for t in model["weights"].values())  # not DTensors
+    metrics = evaluate_model(model)
+    for key, value in metrics.items():
+        assert value == pytest.approx(result.metrics[key], abs=1e-6), key
+
+
 def test_a_task_option_override_that_changes_the_model_is_refused_by_the_weights(tmp_path):
     _train(tmp_path)
     model = model_from_checkpoint(tmp_path / "ckpt")
