@@ -4,7 +4,9 @@
    fp32, bf16 and fp16; goal bf16 >= 2x fp32;
 2. a short ``digits`` study of 4 trials sharing one GPU at 0.25 GPU each (Ray Tune through
    ``hpo``'s ``run_study``): how many ran at once, their states, the best accuracy;
-3. with 2+ GPUs: one DDP trial with 2 workers on NCCL.
+3. with 2+ GPUs: one DDP trial with 2 workers on NCCL;
+4. with 2+ GPUs: the same trial with FSDP2 (``resources.parallelism: fsdp``: the model
+   sharded by ``fully_shard``, sharded DCP checkpoints).
 
     python bench/gpu_all.py [--updates 120]
 
@@ -90,8 +92,11 @@ def main() -> int:
         if n_gpus >= 2:
             rows.append(study_row("gpu-ddp-2-nccl", {"cpus": 1, "gpus": 1, "workers": 2}, 1, 1,
                                   Path(tmp)))
+            rows.append(study_row("gpu-fsdp2-2-nccl", {"cpus": 1, "gpus": 1, "workers": 2,
+                                                       "parallelism": "fsdp"}, 1, 1, Path(tmp)))
         else:
             rows.append(("gpu-ddp-2-nccl", "skipped", "needs 2+ GPUs"))
+            rows.append(("gpu-fsdp2-2-nccl", "skipped", "needs 2+ GPUs"))
     ray.shutdown()
     width = max(len(r[0]) for r in rows)
     print(f"{'check':{width}}  result  |  notes")

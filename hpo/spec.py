@@ -94,12 +94,16 @@ class Resources(Strict):
     """Per trial: CPUs and GPUs of each worker (fractions share a device) and DDP workers.
 
     ``custom`` asks each worker for custom Ray resources (``{"special": 1}``),
-    which only the nodes started with them provide.
+    which only the nodes started with them provide. ``parallelism`` is how
+    several workers share the model: ``ddp`` replicates it, ``fsdp`` shards it
+    with FSDP2 and checkpoints with ``torch.distributed.checkpoint``
+    (``TrainConfig.parallelism``, set from here).
     """
 
     cpus: StrictFloat = Field(1.0, gt=0, le=1024)
     gpus: StrictFloat = Field(0.0, ge=0, le=64)
     workers: StrictInt = Field(1, ge=1, le=1024)
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
     custom: dict[str, StrictFloat] = Field(default_factory=dict)
 
     @field_validator("custom")

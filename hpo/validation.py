@@ -33,7 +33,8 @@ from trainers.contract import creation_violations
 # Set per trial by the service; a spec may not fix or search them.
 MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
                   "checkpoint_fsync": "set per trial by the service",
-                  "device": "follows resources.gpus"}
+                  "device": "follows resources.gpus",
+                  "parallelism": "set by resources.parallelism"}
 SINGLE_OBJECTIVE_SAMPLERS = {"cmaes", "gp"}
 # int options bounded otherwise than by MAX_COUNT: TrainConfig's seed range, and the
 # DataLoader processes each trial starts

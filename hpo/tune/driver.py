@@ -142,7 +142,8 @@ def build_trainable(spec: StudySpec, results_dir: Path):
     task class from its ``module:Class`` target, not from the worker's entry points."""
     r = spec.resources
     code = task_code(spec.task)
-    setup = TrialSetup(task=spec.task, config=dict(spec.config), cpus=r.cpus, gpus=r.gpus,
+    setup = TrialSetup(task=spec.task, config={**spec.config, "parallelism": r.parallelism},
+                       cpus=r.cpus, gpus=r.gpus,
                        workers=r.workers, results_dir=str(results_dir.resolve()),
                        custom=dict(r.custom), target=code.target)
     trainable = tune.with_parameters(train_trial, setup=setup)

@@ -5,7 +5,11 @@ several workers launch a Ray Train ``TorchTrainer`` from inside the Tune
 function (the Train v2 pattern; Ray refuses a Trainer passed to ``Tuner``):
 Ray Train initializes ``torch.distributed`` (gloo on CPU, NCCL on GPU), the
 loop wraps the model in DDP, and rank 0's metrics reach Tune through
-``TuneReportCallback``.
+``TuneReportCallback``. With ``resources.parallelism: fsdp`` the loop shards
+the model with FSDP2 instead and every rank writes its shards of each
+checkpoint (``trainers.dcp``) into one directory of the trial under the
+study's results directory (storage every node reaches); rank 0 reports it,
+and a retry or an adopting driver resumes from it as from a DDP checkpoint.
 
 A trial that ends by itself (trained to its end, or stopped by its own early
 stopping) says so: the trainer's last report carries its ``stop_reason``
@@ -18,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +90,13 @@ def _stop(reporter) -> dict[str, str]:
     return {"stop_reason": reason} if reason is not None else {}
 
 
-def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path):
+def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path,
+           checkpoint_dir: Path | None = None):
     torch.set_num_threads(setup.threads)
     task_cls = trainers.load_task(setup.target) if setup.target else setup.task
     task, config = trainers.create(task_cls, {**setup.config, **params, "device": setup.device})
     # a working copy: Tune copies each reported checkpoint to its storage at once
-    return task, config.replace(checkpoint_dir=str(workdir / "checkpoints"),
+    return task, config.replace(checkpoint_dir=str(checkpoint_dir or workdir / "checkpoints"),
                                 keep_last_checkpoints=1, checkpoint_fsync=False)
 
 
@@ -158,7 +164,8 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     setup: TrialSetup = loop_config["setup"]
     workdir = Path(tempfile.mkdtemp(prefix="hpo-worker-"))
     try:
-        task, config = _build(setup, loop_config["params"], workdir)
+        # FSDP: every rank writes its shards into the one directory of the trial
+        task, config = _build(setup, loop_config["params"], workdir, loop_config["shared"])
         # Ray Train's own restart, else where the Tune trial continues from
         checkpoint = ray.train.get_checkpoint() or loop_config["resume"]
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
@@ -168,18 +175,23 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
 
 
 def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
-    """Run the trial as a DDP job of ``setup.workers`` Ray Train workers."""
+    """Run the trial as a DDP (or FSDP) job of ``setup.workers`` Ray Train workers."""
     import ray.train
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
     params, resume = _resume_point(params)
+    shared = None
+    if setup.config.get("parallelism") == "fsdp":
+        # a retry of the trial (another process) starts a directory of its own
+        shared = Path(setup.results_dir) / "fsdp-checkpoints" / trial_id / uuid.uuid4().hex[:8]
     per_worker = {"CPU": setup.cpus, **({"GPU": setup.gpus} if setup.gpus > 0 else {}),
                   **setup.custom}
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"params": params, "setup": setup, "resume": resume},
+        train_loop_config={"params": params, "setup": setup, "resume": resume,
+                           "shared": shared},
         scaling_config=ray.train.ScalingConfig(num_workers=setup.workers,
                                                use_gpu=setup.gpus > 0,
                                                resources_per_worker=per_worker),
@@ -191,4 +203,10 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
                                            num_to_keep=2),
                                        callbacks=[TuneReportCallback()]),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:  # Ray Train keeps its own copies of the reported checkpoints. A trial that
+        # Tune stops (a scheduler's decision) ends without this, as its DDP workers' own
+        # temporary directories do: its last sharded checkpoint stays under the results.
+        if shared is not None:
+            shutil.rmtree(shared.parent, ignore_errors=True)
