@@ -24,7 +24,8 @@ its own, and many of its routes write: create, rename and delete studies,
     own studies, for GET and HEAD alike, ``content-length`` included), and
     every route that reads one study by its id (``/api/studies/ID``,
     ``.../param_importances``, ``.../plot/KIND``, ``/csv/ID``,
-    ``/artifacts/ID/...``): another owner's study answers 404;
+    ``/artifacts/ID/...``): another owner's study answers 404, as does a trial
+    (``/artifacts/ID/TRIAL/...``, a trial's note) that is not one of study ID's;
     for a non-admin token (and open reads) the study detail and its CSV
     (``/api/studies/ID``, ``/csv/ID``) leave out the trials' ``checkpoint``
     attribute, a server path, as ``/v1`` does (the plots' hover texts of
@@ -217,6 +218,12 @@ class DashboardGate:
             return route
         if route.access is None:
             return error_response(403, "forbidden", REFUSED)
+        # optuna-dashboard looks a trial up by its id alone (a trial's artifact, its
+        # note): one of another study, reached through a study the token sees, is refused
+        if "trial_id" in route.args and not await self._trial_of(route.args["study_id"],
+                                                                 route.args["trial_id"]):
+            return error_response(404, "not_found", f"no trial with id "
+                                  f"{route.args['trial_id']} in study {route.args['study_id']}")
         if route.access is Access.NOTE and not who.is_admin:
             return error_response(403, "forbidden",
                                   "the dashboard is read-only for non-admin tokens")
@@ -268,6 +275,16 @@ class DashboardGate:
                 return session.execute(sa.select(StudyRow.id).join(
                     optuna_sql.studies, optuna_sql.studies.c.study_name == StudyRow.name)
                     .where(optuna_sql.studies.c.study_id == study_id)).first() is not None
+
+        return await run_in_threadpool(query)
+
+    async def _trial_of(self, study_id: int, trial_id: int) -> bool:
+        """Whether the Optuna trial ``trial_id`` belongs to the study ``study_id``."""
+        def query() -> bool:
+            with self.sessions() as session:
+                return session.execute(sa.select(optuna_sql.trials.c.trial_id).where(
+                    optuna_sql.trials.c.trial_id == trial_id,
+                    optuna_sql.trials.c.study_id == study_id)).first() is not None
 
         return await run_in_threadpool(query)
 

@@ -154,3 +154,29 @@ def test_hpo_model_writes_the_file(live_server, world, tmp_path, monkeypatch):
     result = runner.invoke(hpo_app, ["model", NAME])
     assert result.exit_code == 1 and "404" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["best.pt", f"{NAME}-trial2.pt"]
+
+
+def test_a_trial_of_another_study_is_not_reached_through_a_study_one_sees(client, world):
+    # optuna-dashboard finds a trial's artifact by the trial's id alone: bob's own study id
+    # with alice's trial id served alice's model to bob
+    assert client.post("/v1/studies", json=tiny_spec("bobs"),
+                       headers=bearer(world["bob"])).status_code == 201
+    study, trial = world["study"], world["study"].trials[1]
+    meta = model_meta(study._storage, trial, NAME)
+    bobs = optuna.load_study(study_name="bobs", storage=study._storage)._study_id
+    for who in ("bob", "admin"):  # admins too: the path names a trial the study lacks
+        r = client.get(f"/artifacts/{bobs}/{trial._trial_id}/{meta['artifact_id']}",
+                       headers=bearer(world[who]))
+        assert r.status_code == 404, who
+        assert r.json()["error"]["message"] == \
+            f"no trial with id {trial._trial_id} in study {bobs}"
+    # the same rule for a trial's note, which optuna-dashboard also writes by trial id
+    storage = study._storage
+    before = [storage.get_study_system_attrs(i) for i in (study._study_id, bobs)]
+    r = client.put(f"/api/studies/{bobs}/{trial._trial_id}/note",
+                   json={"version": 1, "body": "moved"}, headers=bearer(world["admin"]))
+    assert r.status_code == 404
+    assert [storage.get_study_system_attrs(i) for i in (study._study_id, bobs)] == before
+    ok = client.get(f"/artifacts/{study._study_id}/{trial._trial_id}/{meta['artifact_id']}",
+                    headers=bearer(world["admin"]))
+    assert ok.status_code == 200
