@@ -331,11 +331,12 @@ def test_the_dashboard_csv_has_no_checkpoint_column_for_non_admin_tokens(client,
                                                                          checkpointed):
     r = client.get(f"/csv/{checkpointed}", headers=bearer(tokens["alice"]))
     assert r.status_code == 200
-    assert r.text == ("Number,State,Value,Param lr,UserAttribute n_steps\r\n"
+    # the value's column is named by the study's metric (set at create since issue 16.1)
+    assert r.text == ("Number,State,val_accuracy,Param lr,UserAttribute n_steps\r\n"
                       "0,COMPLETE,0.5,0.01,14\r\n")
     admin = client.get(f"/csv/{checkpointed}", headers=bearer(tokens["admin"]))
-    assert admin.text.splitlines()[0] == ("Number,State,Value,Param lr,UserAttribute checkpoint,"
-                                          "UserAttribute n_steps")
+    assert admin.text.splitlines()[0] == ("Number,State,val_accuracy,Param lr,"
+                                          "UserAttribute checkpoint,UserAttribute n_steps")
 
 
 def test_open_reads_hide_the_checkpoint_path_too(settings, tokens, checkpointed):
