@@ -90,6 +90,17 @@ class RecordCallback(Callback):
         self.record.fail(trial.trial_id, public_message(text))  # one line, for the study
         self.on_change()
 
+    def on_experiment_end(self, trials, **info):
+        """End FAIL the trials Tune ended ERROR without ``on_trial_error``: Tune's
+        controller does that when it cannot reuse an actor for a trial
+        (``TuneController._on_trial_reset``: ``reset_config`` returned False), which the
+        end-of-run sweep (``end_open_trials``) would otherwise call PRUNED."""
+        open_ids = set(self.record.open_trials())
+        for trial in trials:
+            if trial.status == "ERROR" and trial.trial_id in open_ids:
+                self.record.fail(trial.trial_id, public_message(_error_text(trial)))
+        self.on_change()
+
     def _note_checkpoint(self, trial) -> None:
         checkpoint = trial.checkpoint
         path = checkpoint.path if checkpoint is not None else (
@@ -115,10 +126,11 @@ def _error_text(trial) -> str:
         text = trial.get_error()
     except Exception:  # noqa: BLE001 - storage may be gone; say what we know
         text = None
-    if not text and trial.error_file:
+    if not text:
         try:
-            with open(trial.error_file) as f:
-                text = f.read()
-        except OSError:
+            if trial.error_file:
+                with open(trial.error_file) as f:
+                    text = f.read()
+        except Exception:  # noqa: BLE001 - no storage or file (a trial Tune never started)
             text = None
     return str(text or "the trial failed without an error message")

@@ -35,7 +35,7 @@ from hpo.tune.pbt import build_pbt, remove_pins
 from hpo.tune.pbt import param_space as pbt_param_space
 from hpo.tune.schedulers import RecordingScheduler, build_scheduler
 from hpo.tune.searcher import GatedVariants, StudySearcher
-from hpo.tune.trainable import TrialSetup, train_trial
+from hpo.tune.trainable import ScratchCleanup, TrialSetup, fsdp_scratch, train_trial
 from hpo.validation import check_budgets
 from hpo.warmstart import enqueue_warm_start, warm_start_points
 from hpo.workers import gcs_endpoint, tcp_reachable
@@ -203,10 +203,15 @@ def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: P
         metric=objective.metric, mode="max" if objective.direction == "maximize" else "min",
         search_alg=search_alg, scheduler=scheduler,
         num_samples=plan.n_ray_trials, max_concurrent_trials=max_concurrent,
-        reuse_actors=True, time_budget_s=spec.budget.timeout_s)
+        # a multi-worker trial's thread runs a Ray Train run, which takes longer to wind
+        # down after a stop than Tune waits for before reusing its actor
+        # (TUNE_FUNCTION_THREAD_TIMEOUT_S, 2 s): the next trial would end ERROR unstarted
+        reuse_actors=spec.resources.workers == 1, time_budget_s=spec.budget.timeout_s)
     run_config = tune.RunConfig(
         name=spec.name, storage_path=str(results_dir.resolve()), verbose=0, stop=stopper,
-        callbacks=[RecordCallback(record, spec.scheduler.name, on_change)],
+        callbacks=[RecordCallback(record, spec.scheduler.name, on_change),
+                   *([ScratchCleanup(fsdp_scratch(results_dir.resolve()))]
+                     if spec.resources.parallelism == "fsdp" else [])],
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
     return tune.Tuner(build_trainable(spec, results_dir), tune_config=tune_config,

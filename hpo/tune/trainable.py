@@ -185,7 +185,7 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
     shared = None
     if setup.config.get("parallelism") == "fsdp":
         # a retry of the trial (another process) starts a directory of its own
-        shared = Path(setup.results_dir) / "fsdp-checkpoints" / trial_id / uuid.uuid4().hex[:8]
+        shared = fsdp_scratch(Path(setup.results_dir)) / trial_id / uuid.uuid4().hex[:8]
     per_worker = {"CPU": setup.cpus, **({"GPU": setup.gpus} if setup.gpus > 0 else {}),
                   **setup.custom}
     trainer = TorchTrainer(
@@ -206,7 +206,41 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
     try:
         trainer.fit()
     finally:  # Ray Train keeps its own copies of the reported checkpoints. A trial that
-        # Tune stops (a scheduler's decision) ends without this, as its DDP workers' own
-        # temporary directories do: its last sharded checkpoint stays under the results.
+        # Tune stops (a scheduler's decision) has its actor killed before this runs: the
+        # driver's ScratchCleanup removes its directory then.
         if shared is not None:
             shutil.rmtree(shared.parent, ignore_errors=True)
+
+
+def fsdp_scratch(results_dir: Path) -> Path:
+    """Where FSDP trials' ranks write their sharded checkpoints, one directory per trial."""
+    return results_dir / "fsdp-checkpoints"
+
+
+class ScratchCleanup(tune.Callback):
+    """Removes an FSDP trial's working directory (``fsdp_scratch``) when Tune ends the
+    trial (completed or stopped, or failed for good) and, at the run's end, every one of
+    the run's trials: Tune kills a stopped trial's actor, so the trial's own ``finally``
+    does not run. A retry, a resumed PBT member or a later driver resumes from Ray Train's
+    persisted copy of the checkpoint, never from this directory.
+
+    Args:
+        root: ``fsdp_scratch(results_dir)`` of the run (shared by every study using the
+            results directory: only this run's trials' directories are removed).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _remove(self, trial) -> None:
+        shutil.rmtree(self.root / trial.trial_id, ignore_errors=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._remove(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._remove(trial)
+
+    def on_experiment_end(self, trials, **info):
+        for trial in trials:
+            self._remove(trial)

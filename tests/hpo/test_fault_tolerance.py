@@ -192,12 +192,14 @@ def _spec_obj(path: Path):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_ddp_trial_left_running_by_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])  # fsdp: the sharded checkpoint
+def test_a_ddp_trial_left_running_by_a_killed_driver_resumes_from_its_checkpoint(
+        tmp_path, parallelism):
     url = f"sqlite:///{tmp_path / 'killed.db'}"
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(toy_spec(
         "driver-killed", config={"sleep_ms": 1000}, budget={"n_trials": 1},
-        resources={"cpus": 0.5, "workers": 2}).to_dict()))
+        resources={"cpus": 0.5, "workers": 2, "parallelism": parallelism}).to_dict()))
     first = _hpo_run(spec, url, tmp_path)
     storage = open_storage(url)
     deadline = time.monotonic() + 240
@@ -219,3 +221,8 @@ def test_a_ddp_trial_left_running_by_a_killed_driver_resumes_from_its_checkpoint
     assert trial.state == TrialState.COMPLETE, trial.user_attrs
     assert trial.user_attrs["resumed_after_driver_loss"] == 1
     assert sorted(trial.intermediate_values) == [3, 6, 9, 12]
+    # resumed from the checkpoint (DDP's, or the ranks' shards) at step 3, 6 or 9, not
+    # retrained: the adopting process evaluated k < 4 times (scripted val_loss
+    # quality + 1 / (k + 1); all four evaluations in one process would give 1 / 5)
+    assert any(trial.value == pytest.approx(trial.params["quality"] + 1 / (k + 1), abs=1e-9)
+               for k in (1, 2, 3)), (trial.value, trial.params)

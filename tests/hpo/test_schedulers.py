@@ -169,3 +169,32 @@ def test_the_recording_scheduler_delegates_every_public_hook(tmp_path):
                            "on_trial_complete", "on_trial_remove", "choose_trial_to_run",
                            "debug_string", "save", "restore"]
     assert record.stops == []  # a removal is a stop only for the early-stopping schedulers
+
+
+def test_a_trial_tune_ended_error_without_an_error_event_ends_fail_not_pruned(sqlite_url):
+    # Tune's controller ends a trial ERROR without on_trial_error when it cannot reuse an
+    # actor for it (reset_config returned False); the run's end must not call it PRUNED
+    from optuna.trial import TrialState
+
+    from hpo.tune.callback import RecordCallback
+    from hpo.tune.driver import end_open_trials
+
+    record = _study_record(sqlite_url, "reset-failed", {"name": "asha", "grace_period": 10})
+    callback = RecordCallback(record, "asha")
+    trials = [Trial("toy", stub=True, trial_id=f"t{i}") for i in range(3)]
+    for t in trials:
+        record.ask(t.trial_id)
+    callback.on_trial_start(0, trials, trials[0])
+    callback.on_trial_result(0, trials, trials[0], _result(10, 1.0))
+    record.result("t0", _result(10, 1.0))
+    trials[0].set_status(Trial.TERMINATED)  # stopped with the experiment: the sweep's
+    trials[1].set_status(Trial.ERROR)  # the reset that failed: no on_trial_error
+    trials[2].set_status(Trial.ERROR)  # an error Tune did report
+    callback.on_trial_error(0, trials, trials[2])
+    callback.on_experiment_end(trials)
+    end_open_trials(record, "asha")
+    states = [(t.state, t.user_attrs.get("stopped_by")) for t in record.study.trials]
+    assert states == [(TrialState.PRUNED, "asha"), (TrialState.FAIL, None),
+                      (TrialState.FAIL, None)]
+    assert record.study.trials[1].user_attrs["fail_reason"] == \
+        "the trial failed without an error message"
