@@ -109,6 +109,8 @@ def run(
     requeued = f", {c.requeued} requeued" if c.requeued else ""
     out.print(f"study {result.name}: {c.finished} trials finished "
               f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed{requeued})")
+    if result.stop_reason:
+        out.print(f"stopped before its budget: {result.stop_reason}", markup=False)
     if result.pareto_front:
         metrics = [o.metric for o in spec.objectives]
         out.print(f"Pareto front: {len(result.pareto_front)} trial(s)")

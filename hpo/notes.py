@@ -48,6 +48,7 @@ class NoteEnd:
     best: tuple[int, float, Mapping[str, Any]] | None = None
     n_pareto: int | None = None
     error: str | None = None
+    stop_reason: str | None = None  # the budget.stop_when rule that ended it (hpo.stopping)
 
 
 def cell(value: Any) -> str:
@@ -120,6 +121,8 @@ def _budget(spec: StudySpec) -> str:
     text = f"{b.n_trials} trials, at most {b.max_concurrent_trials} at a time"
     if b.timeout_s is not None:
         text += f", time budget {_fmt(b.timeout_s)} s"
+    if b.stop_when is not None:
+        text += f", stop when {_options(b.stop_when, skip=())}"
     return text + (f", up to {spec.max_failures} retries per trial" if spec.max_failures else "")
 
 
@@ -155,6 +158,8 @@ def end_lines(end: NoteEnd, spec: StudySpec) -> list[str]:
     lines = ["## Outcome", "", f"**{end.status}**{counted}."]
     if end.error:
         lines += ["", f"Error: {cell(end.error)}"]
+    if end.stop_reason:
+        lines += ["", f"Stopped early: {cell(end.stop_reason)}"]
     if end.best is not None:
         number, value, params = end.best
         metric = spec.objectives[0].metric

@@ -84,10 +84,33 @@ class Objective(Strict):
 # -- budget and resources ------------------------------------------------------------
 
 
+class StopWhen(Strict):
+    """Study-level stopping rules (``hpo.stopping``); either or both.
+
+    ``target``: stop once a COMPLETE trial's objective reaches this value.
+    ``no_improvement_trials``: stop after this many finished (COMPLETE or PRUNED) trials
+    in a row without the best objective improving by more than ``min_delta`` (>= 0, in
+    the objective's units).
+    """
+
+    no_improvement_trials: StrictInt | None = Field(None, ge=1, le=100_000)
+    min_delta: StrictFloat = Field(0.0, ge=0, allow_inf_nan=False)
+    target: StrictFloat | None = Field(None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> StopWhen:
+        if self.target is None and self.no_improvement_trials is None:
+            raise ValueError("give no_improvement_trials (with min_delta) or target, or both")
+        if self.min_delta and self.no_improvement_trials is None:
+            raise ValueError("min_delta applies to no_improvement_trials, which is not set")
+        return self
+
+
 class Budget(Strict):
     n_trials: StrictInt = Field(..., ge=1, le=100_000)
     timeout_s: StrictFloat | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     max_concurrent_trials: StrictInt = Field(1, ge=1, le=1024)
+    stop_when: StopWhen | None = None
 
 
 class Resources(Strict):

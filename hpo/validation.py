@@ -320,6 +320,15 @@ def _check_sampler_and_scheduler(spec: StudySpec, task_cls: type[trainers.Task])
             errors.append({"loc": "search_space",
                            "msg": f"{scheduler} needs a parameter with two values or more to "
                                   "mutate; every parameter here has one"})
+    if spec.budget.stop_when is not None:
+        if spec.is_multi_objective:
+            errors.append({"loc": "budget.stop_when",
+                           "msg": "study-level stopping needs one objective"})
+        if scheduler in POPULATION_SCHEDULERS:
+            errors.append({"loc": "budget.stop_when",
+                           "msg": f"{scheduler} trains its population together and starts "
+                                  "no trial later that a rule could hold back; use "
+                                  "budget.timeout_s"})
     if scheduler == "pb2":
         for name, param in spec.search_space.items():
             if isinstance(param, CategoricalParam):

@@ -243,6 +243,8 @@ def status(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None
         table.add_row("quota", _quota_line(study["quota"]))
     if study["error"]:
         table.add_row("error", study["error"])
+    if study.get("stop_reason"):
+        table.add_row("stopped early", study["stop_reason"])
     out.print(table)
     _print_best(study)
 

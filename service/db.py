@@ -115,6 +115,8 @@ class StudyRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow,
                                                     onupdate=utcnow)
     waiting_for: Mapped[str | None] = mapped_column(sa.String(200))
+    # the budget.stop_when rule that ended a COMPLETED study before its budget (hpo.stopping)
+    stop_reason: Mapped[str | None] = mapped_column(sa.Text)
 
 
 class SummaryRow(Base):

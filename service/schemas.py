@@ -128,6 +128,8 @@ class StudySummary(_Out):
     error: str | None
     waiting_for: str | None = Field(None, description="the quota the study waits for, while "
                                                       "its owner is over it (QUEUED or RUNNING)")
+    stop_reason: str | None = Field(None, description="the budget.stop_when rule that ended "
+                                                      "the study (COMPLETED) before its budget")
 
     @classmethod
     def fields_of(cls, v: StudyView) -> dict[str, Any]:
@@ -142,7 +144,7 @@ class StudySummary(_Out):
             stop_requested=row.stop_requested, created_at=row.created_at,
             started_at=row.started_at, ended_at=row.ended_at,
             error=public_message(row.error) if row.error else None,
-            waiting_for=row.waiting_for)
+            waiting_for=row.waiting_for, stop_reason=row.stop_reason)
 
     @classmethod
     def of(cls, v: StudyView) -> StudySummary:

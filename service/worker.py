@@ -97,12 +97,13 @@ class Heartbeat(threading.Thread):
 
 
 def finish(sessions: sessionmaker, name: str, claim: str, status: Status,
-           error: str | None = None) -> None:
+           error: str | None = None, stop_reason: str | None = None) -> None:
     """Write the study's end (guarded by the claim)."""
     ended = utcnow() if status != Status.QUEUED else None
     with sessions.begin() as session:
         while_held(session, CLAIMS, name, claim, guards=[StudyRow.status == Status.RUNNING],
                    values={StudyRow.status: status, StudyRow.error: error,
+                           StudyRow.stop_reason: stop_reason,
                            StudyRow.ended_at: ended, StudyRow.waiting_for: None,
                            StudyRow.updated_at: utcnow(),
                            StudyRow.claimed_by: None if status == Status.QUEUED else claim})
@@ -145,7 +146,8 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
     if outcome.interrupted:  # the service is shutting down: the next start continues it
         finish(sessions, name, claim, Status.QUEUED)
     else:
-        finish(sessions, name, claim, Status.STOPPED if outcome.stopped else Status.COMPLETED)
+        finish(sessions, name, claim, Status.STOPPED if outcome.stopped else Status.COMPLETED,
+               stop_reason=outcome.stop_reason)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import optuna
 import ray
 from ray import tune
 from ray.exceptions import RuntimeEnvSetupError
@@ -28,6 +29,7 @@ from hpo.models import ModelKeeper, artifact_store
 from hpo.notes import NoteEnd
 from hpo.record import Counts, Orphan, StudyRecord, TrialListener
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
+from hpo.stopping import StudyStopRule
 from hpo.storage import open_storage
 from hpo.taskcode import task_code
 from hpo.tune.callback import RecordCallback
@@ -67,6 +69,8 @@ class StudyOutcome:
     best_params: dict | None
     # multi-objective: the Pareto-optimal COMPLETE trials as (number, values, params)
     pareto_front: list[tuple[int, list[float], dict]] = dataclasses.field(default_factory=list)
+    # the budget.stop_when rule that ended the study before its budget (hpo.stopping)
+    stop_reason: str | None = None
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None,
@@ -181,9 +185,11 @@ class StopWhen(tune.Stopper):
 
 def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
                 on_change: Callable[[], None] | None, stopper: StopWhen,
-                keeper: GateKeeper | None = None) -> tune.Tuner:
+                keeper: GateKeeper | None = None,
+                stop_rule: StudyStopRule | None = None) -> tune.Tuner:
     """A Tuner for the planned trials of ``spec``: orphans to resume, then new ones; each
-    trial made only when ``keeper`` (the run's trial gate, ``hpo.gate``) lets it start."""
+    trial made only when ``keeper`` (the run's trial gate, ``hpo.gate``) lets it start,
+    and none once ``stop_rule`` (the spec's ``budget.stop_when``) fired."""
     keeper = keeper or GateKeeper(None, TrialResources.of(spec.resources))
     objective = spec.objectives[0]
     param_space = None
@@ -198,7 +204,7 @@ def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: P
     else:
         task, config = trainers.create(spec.task, spec.config)
         scheduler = build_scheduler(spec, record, trainers.planned_updates(task, config))
-        search_alg = StudySearcher(record, plan.n_new, plan.resumes, keeper)
+        search_alg = StudySearcher(record, plan.n_new, plan.resumes, keeper, stop_rule)
     tune_config = tune.TuneConfig(
         metric=objective.metric, mode="max" if objective.direction == "maximize" else "min",
         search_alg=search_alg, scheduler=scheduler,
@@ -292,6 +298,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     record = StudyRecord(spec, storage, listener=listener, compare_spec=compare_spec,
                          models=models)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
+    stop_rule = study_stop_rule(spec, record.study)
     board = StudyBoard(record.study, spec, owner)
     with DriverLease(storage, spec.name):
         board.started()
@@ -305,20 +312,22 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
                 keeper = GateKeeper(gate, TrialResources.of(spec.resources))
                 try:
                     _run_tuner(spec, record, plan, results_dir, on_change, stopper, keeper,
-                               board)
+                               board, stop_rule)
                 finally:  # trials Tune stopped with the experiment, or left to the next driver
                     keeper.release_all()
         except Exception as e:
             board.ended(NoteEnd("FAILED", error=public_message(f"{type(e).__name__}: {e}")))
             raise
-    result = outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted)
+    result = outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted,
+                     stop_reason=stop_rule.reason if stop_rule is not None else None)
     board.ended(note_end(result))
     return result
 
 
 def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
                on_change: Callable[[StudyRecord], None] | None, stopper: StopWhen,
-               keeper: GateKeeper, board: StudyBoard) -> None:
+               keeper: GateKeeper, board: StudyBoard,
+               stop_rule: StudyStopRule | None = None) -> None:
     def notify() -> None:
         if on_change is not None:
             on_change(record)
@@ -326,7 +335,7 @@ def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Pa
 
     started = time.monotonic()
     try:
-        build_tuner(spec, record, plan, results_dir, notify, stopper, keeper).fit()
+        build_tuner(spec, record, plan, results_dir, notify, stopper, keeper, stop_rule).fit()
     finally:
         if not stopper.interrupted:  # an interrupted driver leaves its trials to the next one
             timed_out = spec.budget.timeout_s is not None and (
@@ -397,11 +406,23 @@ def note_end(result: StudyOutcome) -> NoteEnd:
                                                     result.best_params)
     c = result.counts
     return NoteEnd(status, c.complete, c.pruned, c.failed, best,
-                   len(result.pareto_front) if result.pareto_front else None)
+                   len(result.pareto_front) if result.pareto_front else None,
+                   stop_reason=result.stop_reason)
 
 
-def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = False
-            ) -> StudyOutcome:
+def study_stop_rule(spec: StudySpec, study: optuna.Study) -> StudyStopRule | None:
+    """The spec's ``budget.stop_when`` over ``study`` (direction as Optuna stores it)."""
+    rule = spec.budget.stop_when
+    if rule is None:
+        return None
+    return StudyStopRule(study, metric=spec.objectives[0].metric,
+                         maximize=study.direction == optuna.study.StudyDirection.MAXIMIZE,
+                         target=rule.target, no_improvement_trials=rule.no_improvement_trials,
+                         min_delta=rule.min_delta)
+
+
+def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = False,
+            stop_reason: str | None = None) -> StudyOutcome:
     """Counts and best trial of the record's study, from the storage."""
     best, front = None, []
     counts = record.counts()
@@ -414,4 +435,4 @@ def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = Fals
                         best_number=best.number if best else None,
                         best_value=best.value if best else None,
                         best_params=dict(best.params) if best else None,
-                        pareto_front=front)
+                        pareto_front=front, stop_reason=stop_reason)

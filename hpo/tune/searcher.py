@@ -21,6 +21,7 @@ from ray.tune.search import BasicVariantGenerator, Searcher
 
 from hpo.gate import GateKeeper, TrialResources
 from hpo.record import RESUME_KEY, Orphan, StudyRecord
+from hpo.stopping import StudyStopRule
 
 
 class StudySearcher(Searcher):
@@ -34,18 +35,23 @@ class StudySearcher(Searcher):
             continues the same Optuna trial.
         keeper: the run's trial gate; ``suggest`` returns ``None`` (Tune asks again later)
             while it refuses. Default: no gate.
+        stop_rule: the study's ``budget.stop_when`` (``hpo.stopping``): once it fires, no
+            new trial is made (orphans are still resumed). Default: none.
     """
 
     def __init__(self, record: StudyRecord, n_trials: int,
-                 resumes: list[Orphan] | None = None, keeper: GateKeeper | None = None) -> None:
+                 resumes: list[Orphan] | None = None, keeper: GateKeeper | None = None,
+                 stop_rule: StudyStopRule | None = None) -> None:
         super().__init__()
         self.record = record
         self.remaining = n_trials
         self.resumes = list(resumes or [])
         self.keeper = keeper or GateKeeper(None, TrialResources(0.0, 1.0))
+        self.stop_rule = stop_rule
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        if not self.resumes and self.remaining <= 0:
+        if not self.resumes and (self.remaining <= 0 or (
+                self.stop_rule is not None and self.stop_rule.check() is not None)):
             return Searcher.FINISHED
         if not self.keeper.acquire(trial_id):
             return None

@@ -159,3 +159,21 @@ def test_a_failure_before_the_start_is_noted_only_on_a_stored_study(sqlite_url):
     note = get_note(optuna.load_study(study_name=spec.name, storage=storage))
     assert "| owner | bob |" in note.splitlines()
     assert note.endswith("**FAILED**.\n\nError: SpecError: scheduler.grace_period: too large\n")
+
+
+def test_note_of_a_study_stopped_by_its_stop_when_rule_says_which_rule_fired():
+    spec = spec_of(budget={"n_trials": 12, "max_concurrent_trials": 2,
+                           "stop_when": {"no_improvement_trials": 4, "min_delta": 0.001}})
+    reason = ("stop_when.no_improvement_trials: 4 trials finished since trial 2 set the best "
+              "val_accuracy 0.97, none improving it by more than 0.001 (7 trials finished)")
+    end = note_end(StudyOutcome("s", Counts(complete=7), stopped=False, interrupted=False,
+                                best_number=2, best_value=0.97, best_params={"lr": 0.01},
+                                stop_reason=reason))
+    assert end == NoteEnd("COMPLETED", 7, 0, 0, (2, 0.97, {"lr": 0.01}), None,
+                          stop_reason=reason)
+    note = study_note(spec, end=end)
+    assert "| budget | 12 trials, at most 2 at a time, stop when no_improvement_trials=4, " \
+           "min_delta=0.001 |" in note
+    assert note[note.index("## Outcome"):].startswith(
+        f"## Outcome\n\n**COMPLETED**: 7 complete, 0 pruned, 0 failed.\n\n"
+        f"Stopped early: {reason}\n\nBest trial: **2**")

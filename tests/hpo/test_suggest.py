@@ -29,7 +29,7 @@ def _errors(change) -> dict[str, str]:
 @pytest.mark.parametrize("change, loc, msg", [
     (lambda d: d["budget"].update(n_trails=3), "budget.n_trails",
      "not a field here (did you mean 'n_trials'?); fields here: max_concurrent_trials, "
-     "n_trials, timeout_s"),
+     "n_trials, stop_when, timeout_s"),
     (lambda d: d.update(samplr={"name": "tpe"}), "samplr",
      "not a field here (did you mean 'sampler'?); fields here: budget, config, keep_models, "
      "max_failures, name, objective, objective_reduce, resources, sampler, scheduler, "
@@ -40,7 +40,7 @@ def _errors(change) -> dict[str, str]:
      "not a field here (did you mean 'grace_period'?); fields here: brackets, grace_period, "
      "max_t, name, reduction_factor"),
     (lambda d: d["budget"].update(zzz=1), "budget.zzz",
-     "not a field here; fields here: max_concurrent_trials, n_trials, timeout_s"),
+     "not a field here; fields here: max_concurrent_trials, n_trials, stop_when, timeout_s"),
 ])
 def test_an_unknown_spec_field_names_the_fields_allowed_there(change, loc, msg):
     assert _errors(change) == {loc: msg}

@@ -119,6 +119,19 @@ def test_the_client_commands_submit_wait_status_trials_best(server_process, sqli
     assert bad.exit_code == 2 and "budget.n_trials" in bad.output
     denied = runner.invoke(hpo_app, ["status", "cli"], env={**env, "HPO_TOKEN": "hpo_x"})
     assert denied.exit_code == 1 and "401" in denied.output
+    # budget.stop_when (issue 18.3): any COMPLETE trial reaches val_accuracy >= 0, so the
+    # study ends COMPLETED after its first trial, saying which rule fired
+    spec_path.write_text(yaml.safe_dump(tiny_spec("early", n_trials=3, budget={
+        "n_trials": 3, "stop_when": {"target": 0.0}})))
+    early = runner.invoke(hpo_app, ["submit", str(spec_path), "--wait"], env=env)
+    assert early.exit_code == 0, early.output
+    study = _study(server, token, "early")
+    assert study["status"] == "COMPLETED" and study["counts"]["complete"] == 1
+    reason = study["stop_reason"]
+    assert reason.startswith("stop_when.target: trial 0's val_accuracy ") and reason.endswith(
+        " reached the target 0 (1 trials finished)")
+    status = runner.invoke(hpo_app, ["status", "early"], env=env)
+    assert "stopped early" in status.stdout and "stop_when.target" in status.stdout
 
 
 def _long_spec(name: str, n_trials: int) -> dict:

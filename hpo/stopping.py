@@ -1,0 +1,123 @@
+"""Study-level stopping (spec ``budget.stop_when``): end a study before its trial budget.
+
+Two rules, either or both:
+
+- ``target``: a COMPLETE trial whose objective value reaches the target (``>=`` when
+  maximizing, ``<=`` when minimizing) fires it.
+- ``no_improvement_trials: N`` (with ``min_delta: d``, default 0): ``N`` finished trials
+  in a row, in the order they finished, none of which improved the best objective
+  value by more than ``d``, fire it. Finished means COMPLETE or PRUNED (a pruned trial
+  improved nothing); FAIL trials do not count. Only a COMPLETE trial's value (a full
+  budget's result) can improve the best; an improvement of ``d`` or less leaves the
+  best as it was (Keras' ``EarlyStopping`` rule for ``min_delta``).
+
+The trials are the study's, those of earlier runs of its driver included. When a rule
+fires no new trial starts; the trials running then go on as their scheduler decides
+(they complete, or are pruned), so none is left RUNNING, and the study ends COMPLETED
+with the rule's ``stop_reason``. Our own rule: ``optuna.terminator`` leaves Optuna's
+core in v6, and its regret-bound rule needs a Gaussian process per check.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = ["STOP_REASON_ATTR", "StudyStopRule", "stop_reason"]
+
+STOP_REASON_ATTR = "stop_reason"  # the Optuna study's user attribute, once a rule fired
+_FAR_FUTURE = dt.datetime.max
+
+
+def _value(t: FrozenTrial) -> float | None:
+    if t.state != TrialState.COMPLETE or not t.values or not math.isfinite(t.values[0]):
+        return None
+    return t.values[0]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
+                target: float | None = None, no_improvement_trials: int | None = None,
+                min_delta: float = 0.0) -> str | None:
+    """Why the study should stop now, or ``None`` while no rule fires.
+
+    Args:
+        trials: the study's trials, any order and states (only COMPLETE and PRUNED
+            count, in the order of ``datetime_complete``, then number).
+        metric: the objective's name, for the reason's text.
+        maximize: the objective's direction.
+        target: the ``target`` rule's value, if set.
+        no_improvement_trials: the ``no_improvement_trials`` rule's ``N`` (>= 1), if set.
+        min_delta: the smallest change that counts as an improvement (>= 0), in the
+            objective's units.
+
+    Returns:
+        One line naming the rule (``stop_when.target`` or
+        ``stop_when.no_improvement_trials``), the trials it looked at and the values.
+    """
+    finished = sorted((t for t in trials if t.state in (TrialState.COMPLETE,
+                                                        TrialState.PRUNED)),
+                      key=lambda t: (t.datetime_complete or _FAR_FUTURE, t.number))
+    best: FrozenTrial | None = None
+    since = 0  # finished trials since the best one (since the first, before any best)
+    for count, t in enumerate(finished, start=1):
+        value = _value(t)
+        if value is not None and target is not None and (
+                value >= target if maximize else value <= target):
+            return (f"stop_when.target: trial {t.number}'s {metric} {_fmt(value)} reached "
+                    f"the target {_fmt(target)} ({count} trials finished)")
+        if value is not None and (best is None or (
+                value > best.values[0] + min_delta if maximize
+                else value < best.values[0] - min_delta)):
+            best, since = t, 0
+            continue
+        since += 1
+        if no_improvement_trials is not None and since >= no_improvement_trials:
+            if best is None:
+                return (f"stop_when.no_improvement_trials: {since} trials finished, none of "
+                        f"them COMPLETE ({count} trials finished)")
+            delta = f" by more than {_fmt(min_delta)}" if min_delta else ""
+            return (f"stop_when.no_improvement_trials: {since} trials finished since trial "
+                    f"{best.number} set the best {metric} {_fmt(best.values[0])}, none "
+                    f"improving it{delta} ({count} trials finished)")
+    return None
+
+
+class StudyStopRule:
+    """The spec's ``budget.stop_when`` over one study, checked before each new trial.
+
+    Args:
+        study: the Optuna study (its trials are read at each :meth:`check`).
+        metric, maximize, target, no_improvement_trials, min_delta: as
+            :func:`stop_reason` takes them.
+    """
+
+    def __init__(self, study: optuna.Study, *, metric: str, maximize: bool,
+                 target: float | None, no_improvement_trials: int | None,
+                 min_delta: float) -> None:
+        self.study = study
+        self.rule = dict(metric=metric, maximize=maximize, target=target,
+                         no_improvement_trials=no_improvement_trials, min_delta=min_delta)
+        self.reason: str | None = None
+        self._seen = -1  # finished trials at the last check
+
+    def check(self) -> str | None:
+        """The reason the study stops (kept once a rule fired), or ``None``; the trials
+        are read only when more have finished since the last check."""
+        if self.reason is not None:
+            return self.reason
+        trials = self.study.get_trials(deepcopy=False,
+                                       states=(TrialState.COMPLETE, TrialState.PRUNED))
+        if len(trials) != self._seen:
+            self._seen = len(trials)
+            self.reason = stop_reason(trials, **self.rule)
+            if self.reason is not None:
+                self.study.set_user_attr(STOP_REASON_ATTR, self.reason)
+        return self.reason

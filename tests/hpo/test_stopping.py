@@ -1,0 +1,138 @@
+"""Study-level stopping (spec ``budget.stop_when``, issue 18.3): the rules over hand-made
+trials, the spec's checks, and studies on a real Ray that end early, COMPLETED."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from hpo.errors import SpecError
+from hpo.stopping import STOP_REASON_ATTR, stop_reason
+from tests.hpo.test_driver import run, toy_spec
+
+T0 = dt.datetime(2026, 1, 1)
+
+
+def _trial(number: int, state: TrialState, value: float | None = None,
+           done_at: int | None = None) -> FrozenTrial:
+    t = optuna.trial.create_trial(
+        state=state, value=value if state == TrialState.COMPLETE else None,
+        params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+        intermediate_values={1: value} if value is not None else {})
+    t.number = number
+    t.datetime_complete = T0 + dt.timedelta(seconds=number if done_at is None else done_at)
+    return t
+
+
+C, P, F = TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL
+
+
+def test_the_target_fires_at_the_first_complete_trial_reaching_it():
+    trials = [_trial(0, C, 0.5), _trial(1, P, 0.99), _trial(2, C, 0.984), _trial(3, C, 0.985)]
+    rule = dict(metric="val_accuracy", maximize=True, target=0.985)
+    assert stop_reason(trials[:3], **rule) is None  # a pruned trial's value is no result
+    assert stop_reason(trials, **rule) == (
+        "stop_when.target: trial 3's val_accuracy 0.985 reached the target 0.985 "
+        "(4 trials finished)")
+    assert stop_reason([_trial(0, C, 0.31)], metric="val_loss", maximize=False,
+                       target=0.3) is None
+    assert stop_reason([_trial(0, C, 0.3)], metric="val_loss", maximize=False,
+                       target=0.3) == ("stop_when.target: trial 0's val_loss 0.3 reached the "
+                                       "target 0.3 (1 trials finished)")
+
+
+def test_no_improvement_counts_finished_trials_since_the_best_by_more_than_min_delta():
+    # minimize: trial 1 sets the best (0.9); 2 worse, 3 pruned, 4 better by only 0.001
+    # (not more than min_delta 0.01, so the best stays 0.9), 5 FAIL (not counted), 6 worse
+    trials = [_trial(0, C, 1.0), _trial(1, C, 0.9), _trial(2, C, 0.95), _trial(3, P),
+              _trial(4, C, 0.899), _trial(5, F), _trial(6, C, 0.97)]
+    rule = dict(metric="val_loss", maximize=False, no_improvement_trials=4, min_delta=0.01)
+    assert [stop_reason(trials[:k], **rule) for k in range(1, 7)] == [None] * 6
+    assert stop_reason(trials, **rule) == (
+        "stop_when.no_improvement_trials: 4 trials finished since trial 1 set the best "
+        "val_loss 0.9, none improving it by more than 0.01 (6 trials finished)")
+    # without min_delta trial 4 is an improvement, and the count starts again there
+    assert stop_reason(trials, **{**rule, "min_delta": 0.0}) is None
+
+
+def test_trials_count_in_the_order_they_finished_not_by_number():
+    # trial 2 finished first, then 0 (the best), then 1: one trial since the best
+    trials = [_trial(0, C, 0.9, done_at=2), _trial(1, C, 0.5, done_at=3),
+              _trial(2, C, 0.1, done_at=1)]
+    rule = dict(metric="acc", maximize=True, no_improvement_trials=2)
+    assert stop_reason(trials, **rule) is None
+    assert stop_reason([*trials, _trial(3, P, done_at=4)], **rule) == (
+        "stop_when.no_improvement_trials: 2 trials finished since trial 0 set the best acc "
+        "0.9, none improving it (4 trials finished)")
+    assert stop_reason([_trial(0, P), _trial(1, P)], **rule) == (
+        "stop_when.no_improvement_trials: 2 trials finished, none of them COMPLETE "
+        "(2 trials finished)")
+
+
+@pytest.mark.parametrize("stop_when, changes, loc, msg", [
+    ({}, {}, "budget.stop_when",
+     "give no_improvement_trials (with min_delta) or target, or both"),
+    ({"target": 1.0, "min_delta": 0.1}, {}, "budget.stop_when",
+     "min_delta applies to no_improvement_trials, which is not set"),
+    ({"no_improvement_trials": 0}, {}, "budget.stop_when.no_improvement_trials",
+     "Input should be greater than or equal to 1"),
+    ({"no_improvement_trials": 2, "min_delta": -1.0}, {}, "budget.stop_when.min_delta",
+     "Input should be greater than or equal to 0"),
+    ({"target": "high"}, {}, "budget.stop_when.target", "Input should be a valid number"),
+    ({"target": 1.0}, {"objective": [{"metric": "val_loss"}, {"metric": "samples"}],
+                       "sampler": {"name": "nsga2"}},
+     "budget.stop_when", "study-level stopping needs one objective"),
+    ({"target": 1.0}, {"scheduler": {"name": "pbt", "perturbation_interval": 3}},
+     "budget.stop_when", "pbt trains its population together and starts no trial later "
+                         "that a rule could hold back; use budget.timeout_s"),
+])
+def test_a_bad_stop_when_names_its_field(stop_when, changes, loc, msg):
+    with pytest.raises(SpecError) as e:
+        toy_spec("bad", budget={"stop_when": stop_when}, **changes)
+    assert {"loc": loc, "msg": msg} in e.value.errors
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_study_stops_at_its_target_one_trial_at_a_time(sqlite_url, tmp_path):
+    # val_loss of toy-hpo at its end: quality + 0.2; random qualities in [0, 10]
+    spec = toy_spec("target", budget={"n_trials": 30, "max_concurrent_trials": 1,
+                                      "stop_when": {"target": 3.0}})
+    out, trials = run(spec, sqlite_url, tmp_path)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * len(trials)
+    assert len(trials) < 30 and trials[-1].value <= 3.0
+    assert all(t.value > 3.0 for t in trials[:-1])  # the first that reached it, and no more
+    reason = (f"stop_when.target: trial {trials[-1].number}'s val_loss "
+              f"{trials[-1].value:.6g} reached the target 3 ({len(trials)} trials finished)")
+    assert out.stop_reason == reason and not out.stopped
+    study = optuna.load_study(study_name="target", storage=sqlite_url)
+    assert study.user_attrs[STOP_REASON_ATTR] == reason
+    # run again: the rule still holds, no trial is added
+    out_again, again = run(spec, sqlite_url, tmp_path)
+    assert len(again) == len(trials) and out_again.stop_reason == reason
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_no_improvement_stops_while_running_trials_end_as_the_scheduler_decides(
+        sqlite_url, tmp_path):
+    spec = toy_spec("plateau", config={"sleep_ms": 20},
+                    scheduler={"name": "asha", "grace_period": 3, "reduction_factor": 2},
+                    budget={"n_trials": 40, "max_concurrent_trials": 2,
+                            "stop_when": {"no_improvement_trials": 3}})
+    out, trials = run(spec, sqlite_url, tmp_path)
+    assert len(trials) < 40
+    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}  # none RUNNING
+    assert not any(t.user_attrs.get("stopped_by") == "user" for t in trials)
+    finished = sorted(trials, key=lambda t: (t.datetime_complete, t.number))
+    rule = dict(metric="val_loss", maximize=False, no_improvement_trials=3)
+    # the rule fired once the trials that had finished then met it; the one trial running
+    # at that moment (two at a time) then ended by itself or by ASHA
+    fired = next(k for k in range(1, len(finished) + 1)
+                 if stop_reason(finished[:k], **rule) is not None)
+    assert fired >= len(finished) - 1
+    assert out.stop_reason == stop_reason(finished[:fired], **rule)
