@@ -126,6 +126,11 @@ def _budget(spec: StudySpec) -> str:
     return text + (f", up to {spec.max_failures} retries per trial" if spec.max_failures else "")
 
 
+def _constraints(spec: StudySpec) -> str:
+    return ", ".join(f"`{c.metric}` ≤ {_fmt(c.max)}" if c.max is not None
+                     else f"`{c.metric}` ≥ {_fmt(c.min)}" for c in spec.constraints)
+
+
 def _resources(spec: StudySpec) -> str:
     r = spec.resources
     text = f"{_fmt(r.cpus)} CPU, {_fmt(r.gpus)} GPU per worker, {r.workers} " \
@@ -188,7 +193,9 @@ def study_note(spec: StudySpec, owner: str | None = None, end: NoteEnd | None = 
               f"| scheduler | {cell(_scheduler(spec))} |",
               f"| budget | {cell(_budget(spec))} |",
               f"| resources per trial | {cell(_resources(spec))} |",
-              f"| warm start | {cell(_warm_start(spec))} |", ""]
+              f"| warm start | {cell(_warm_start(spec))} |",
+              *([f"| constraints | {cell(_constraints(spec))} |"] if spec.constraints else []),
+              ""]
     lines += ["## Search space", "", *space_rows(spec), ""]
     if spec.config:
         lines += ["## Fixed config", "", "| key | value |", "| --- | --- |"]

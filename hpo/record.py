@@ -387,10 +387,15 @@ class StudyRecord:
             "samples": t.last.get("samples"),
             **extra,
         }
+        feasible = None
+        if self.spec.constraints and state in (TrialState.COMPLETE, TrialState.PRUNED):
+            feasible = self._set_constraints(t)
+            attrs["feasible"] = feasible
         set_trial_user_attrs(self.storage, t.trial_id,
                              {k: v for k, v in attrs.items() if v is not None})
-        if state == TrialState.COMPLETE and self.models is not None:  # before tell: Optuna
-            # takes no artifact meta on a finished trial
+        if state == TrialState.COMPLETE and self.models is not None and \
+                feasible is not False:  # before tell: Optuna takes no artifact meta on a
+            # finished trial; an infeasible trial is never among the best
             self.models.trial_complete(self.storage, self.study_id, t.trial_id, values,
                                        checkpoint or t.checkpoint)
         self.study.tell(t.number, values, state=state, skip_if_finished=True)
@@ -399,11 +404,31 @@ class StudyRecord:
                  f" ({extra['stopped_by']})" if extra.get("stopped_by") else "",
                  extra={"study": self.spec.name, "trial": t.number})
         self._changed(t.trial_id)
-        if state == TrialState.COMPLETE and not self.spec.is_multi_objective:
+        if state == TrialState.COMPLETE and not self.spec.is_multi_objective and \
+                feasible is not False:
             value = values[0]
             maximize = self.spec.objectives[0].direction == "maximize"
             if self.best is None or (value > self.best[1] if maximize else value < self.best[1]):
                 self.best = (t.number, value)
+
+    def _set_constraints(self, t: TrialProgress) -> bool:
+        """Record the spec's constraints of a trial from its last report as Optuna
+        constraints (``Trial.set_constraint``: TPE and NSGA-II read them, ``best_trial``
+        skips infeasible trials); a metric it never reported counts as violated
+        (``inf``). Returns whether every bound holds."""
+        trial = optuna.Trial(self.study, t.trial_id)
+        feasible = True
+        for c in self.spec.constraints:
+            value = t.last.get(c.metric)
+            try:
+                violation = c.violation(float(value))
+            except (TypeError, ValueError):
+                violation = math.inf
+            if math.isnan(violation):
+                violation = math.inf
+            trial.set_constraint(c.key, violation)
+            feasible = feasible and violation <= 0
+        return feasible
 
     # -- the study as a whole ----------------------------------------------------------
 

@@ -81,6 +81,32 @@ class Objective(Strict):
     direction: Literal["minimize", "maximize"] | None = None
 
 
+class Constraint(Strict):
+    """A bound on a metric the trial reports (the task's, or the loop's such as
+    ``peak_memory_bytes``), read from its last report: ``max`` (value <= max) or ``min``
+    (value >= min), one of the two. Recorded as an Optuna constraint (``hpo.record``)."""
+
+    metric: str = Field(..., min_length=1, max_length=200)
+    max: StrictFloat | None = Field(None, allow_inf_nan=False)
+    min: StrictFloat | None = Field(None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Constraint:
+        if (self.max is None) == (self.min is None):
+            raise ValueError("give one bound: max or min")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The constraint's name in Optuna (``peak_memory_bytes.max``)."""
+        return f"{self.metric}.{'max' if self.max is not None else 'min'}"
+
+    def violation(self, value: float) -> float:
+        """Optuna's constraint value: <= 0 when ``value`` is within the bound, else by how
+        much it is beyond (in the metric's units)."""
+        return value - self.max if self.max is not None else self.min - value
+
+
 # -- budget and resources ------------------------------------------------------------
 
 
@@ -213,6 +239,8 @@ class StudySpec(Strict):
     # the final models of the best k COMPLETE trials are kept as Optuna artifacts
     # (hpo.models); 0 keeps none
     keep_models: StrictInt = Field(3, ge=0, le=1000)
+    # feasibility of a trial (hpo.record): every bound holds at its last report
+    constraints: list[Constraint] = Field(default_factory=list, max_length=32)
     _one_objective: bool = PrivateAttr(False)  # given as a mapping, not as a list
 
     @model_validator(mode="wrap")
@@ -230,6 +258,16 @@ class StudySpec(Strict):
             raise ValueError("must name at least one metric")
         if len({o.metric for o in v}) < len(v):
             raise ValueError("a metric appears twice")
+        return v
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints(cls, v: list[Constraint]) -> list[Constraint]:
+        keys = [c.key for c in v]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise ValueError(f"two bounds named {key}: give each metric one max and "
+                                 "one min at most")
         return v
 
     @field_serializer("objectives", mode="wrap")

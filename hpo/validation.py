@@ -11,6 +11,7 @@ field-naming reason.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Any
 
@@ -73,6 +74,7 @@ def check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpe
     errors += objective_errors
     errors += _check_sampler_and_scheduler(spec, task_cls)
     errors += _check_warm_start(spec)
+    errors += _check_constraints(spec, task_cls)
     if errors:
         raise SpecError(errors)
     return spec.model_copy(update={"objectives": objectives})
@@ -281,6 +283,17 @@ def _check_objectives(spec: StudySpec, task_cls) -> tuple[list[Objective], list[
         direction = objective.direction or task_cls.metrics[objective.metric]
         filled.append(objective.model_copy(update={"direction": direction}))
     return filled, errors
+
+
+def _check_constraints(spec: StudySpec, task_cls) -> list[dict]:
+    known = {*task_cls.metrics, *trainers.LOOP_METRICS}
+    errors = []
+    for i, c in enumerate(spec.constraints):
+        if c.metric not in known and not re.fullmatch(r"peak_memory_bytes_rank\d+", c.metric):
+            errors.append({"loc": f"constraints.{i}.metric",
+                           "msg": f"task {spec.task!r} and the loop report {sorted(known)}, "
+                                  f"not {c.metric!r}{did_you_mean(c.metric, known)}"})
+    return errors
 
 
 def _check_sampler_and_scheduler(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict]:

@@ -96,6 +96,11 @@ class TrialOut(_Out):
     values: list[float] | None
     params: dict[str, Any]
     user_attrs: dict[str, Any] = Field(description="stopped_by, device_seconds, fail_reason, ...")
+    constraints: dict[str, float] | None = Field(
+        None, description="spec constraints, as Optuna records them: <= 0 where the bound "
+                          "holds, else by how much it is exceeded; null before they are known")
+    feasible: bool | None = Field(None, description="every constraint holds; null without "
+                                                    "constraints")
     datetime_start: UTCDatetime | None
     datetime_complete: UTCDatetime | None
     duration_s: float | None
@@ -105,9 +110,12 @@ class TrialOut(_Out):
     @classmethod
     def of(cls, trial: FrozenTrial, intermediate: bool = False) -> TrialOut:
         duration = trial.duration.total_seconds() if trial.duration is not None else None
+        constraints = trial.constraints
         return cls(number=trial.number, state=trial.state.name,
                    value=trial.values[0] if trial.values else None, values=trial.values,
                    params=trial.params, user_attrs=public_attrs(trial.user_attrs),
+                   constraints=constraints or None,
+                   feasible=all(v <= 0 for v in constraints.values()) if constraints else None,
                    datetime_start=trial.datetime_start, datetime_complete=trial.datetime_complete,
                    duration_s=duration,
                    intermediate_values=dict(trial.intermediate_values) if intermediate else None)

@@ -22,7 +22,7 @@ from trainers.errors import (
     UnknownTaskError,
 )
 from trainers.fields import FieldInfo, describe
-from trainers.loop import TrainResult, fit
+from trainers.loop import LOOP_METRICS, TrainResult, fit
 from trainers.reporting import Decision, ListReporter, NullReporter, Reporter
 from trainers.tasks import (
     ENTRY_POINT_GROUP,
@@ -36,6 +36,7 @@ from trainers.tasks import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "LOOP_METRICS",
     "CheckpointError",
     "ConfigError",
     "Decision",

@@ -76,6 +76,13 @@ from trainers.reporting import Decision, NullReporter, Reporter
 from trainers.resume import Restored, TrainState, Window, restore, run_state
 from trainers.tasks.base import Task
 
+LOOP_METRICS = frozenset({
+    "step", "planned_updates", "epoch", "train_loss", "lr", "grad_norm", "loss_scale",
+    "skipped_updates", "samples", "samples_per_s", "tokens_per_s", "peak_memory_bytes",
+    "time_s"})
+"""What the loop reports at every evaluation besides the task's metrics (the table above;
+``tokens_per_s`` for token tasks only, ``peak_memory_bytes_rank<r>`` under FSDP too)."""
+
 
 @dataclasses.dataclass
 class TrainResult:

@@ -426,10 +426,13 @@ def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = Fals
     """Counts and best trial of the record's study, from the storage."""
     best, front = None, []
     counts = record.counts()
-    if counts.complete and record.spec.is_multi_objective:
+    if counts.complete and record.spec.is_multi_objective:  # Optuna's front: feasible only
         front = [(t.number, list(t.values), dict(t.params)) for t in record.study.best_trials]
     elif counts.complete:
-        best = record.study.best_trial
+        try:
+            best = record.study.best_trial  # the best feasible one, with constraints
+        except ValueError:  # no COMPLETE trial is feasible
+            best = None
     return StudyOutcome(name=record.spec.name, counts=counts, stopped=stopped,
                         interrupted=interrupted,
                         best_number=best.number if best else None,

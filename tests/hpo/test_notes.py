@@ -177,3 +177,10 @@ def test_note_of_a_study_stopped_by_its_stop_when_rule_says_which_rule_fired():
     assert note[note.index("## Outcome"):].startswith(
         f"## Outcome\n\n**COMPLETED**: 7 complete, 0 pruned, 0 failed.\n\n"
         f"Stopped early: {reason}\n\nBest trial: **2**")
+
+
+def test_note_lists_the_constraints():
+    note = study_note(spec_of(constraints=[{"metric": "peak_memory_bytes", "max": 2.0e8},
+                                           {"metric": "val_loss", "min": 0.1}]))
+    assert "| constraints | `peak_memory_bytes` ≤ 2e+08, `val_loss` ≥ 0.1 |" in note
+    assert "| constraints |" not in study_note(spec_of())
