@@ -94,6 +94,7 @@ from service.schemas import HIDDEN_TRIAL_ATTRS
 from service.settings import Settings
 
 READ_METHODS = frozenset({"GET", "HEAD"})
+MIN_ID, MAX_ID = -2**63, 2**63 - 1  # the database's integer ids (SQLite's, BIGINT)
 PAGE_PATH = re.compile(r"^/(dashboard(/.*)?)?$")
 REFUSED = ("the dashboard does not change studies or trials here: the service manages them "
            "(create, stop and delete studies through the REST API, /v1; see /docs)")
@@ -218,28 +219,41 @@ class DashboardGate:
             return route
         if route.access is None:
             return error_response(403, "forbidden", REFUSED)
-        # optuna-dashboard looks a trial up by its id alone (a trial's artifact, its
-        # note): one of another study, reached through a study the token sees, is refused
-        if "trial_id" in route.args and not await self._trial_of(route.args["study_id"],
-                                                                 route.args["trial_id"]):
-            return error_response(404, "not_found", f"no trial with id "
-                                  f"{route.args['trial_id']} in study {route.args['study_id']}")
         if route.access is Access.NOTE and not who.is_admin:
             return error_response(403, "forbidden",
                                   "the dashboard is read-only for non-admin tokens")
+        for name in ("study_id", "trial_id"):  # beyond the id columns: names nothing (and
+            # SQLite's driver raises on such an int: 500)
+            if not MIN_ID <= route.args.get(name, 0) <= MAX_ID:
+                return error_response(404, "not_found", f"no {name[:-3]} with id "
+                                      f"{route.args[name]}")
         if route.access is Access.NOTE and not await self._managed(route.args["study_id"]):
             return error_response(403, "forbidden", FOREIGN)
         if route.access is Access.PAGE:
             return None
         hide = None if who.is_admin else HIDING.get(route.rule)
         if self._sees_all(who):
-            return hide
+            return await self._trial_refusal(route) or hide
         owned = await self._owned_ids(who)
         if route.access is Access.LIST:
             return functools.partial(_owned_studies, owned)
         if route.args["study_id"] not in owned:
             return error_response(404, "not_found", f"no study with id {route.args['study_id']}")
-        return hide
+        return await self._trial_refusal(route) or hide
+
+    async def _trial_refusal(self, route: Route) -> Response | None:
+        """404 where the route names a trial that is not one of its study's.
+
+        optuna-dashboard looks a trial up by its id alone (a trial's artifact, its note):
+        one of another study, reached through a study the token sees, is refused. Checked
+        once the token is known to see the study: before, the answer would tell another
+        owner's study's trials from the rest.
+        """
+        if "trial_id" in route.args and not await self._trial_of(route.args["study_id"],
+                                                                 route.args["trial_id"]):
+            return error_response(404, "not_found", f"no trial with id "
+                                  f"{route.args['trial_id']} in study {route.args['study_id']}")
+        return None
 
     def _route(self, method: str, path: str) -> Route | Response:
         """The route the dashboard's router picks for ``method`` and ``path``, or its error."""

@@ -192,6 +192,37 @@ def test_non_admin_tokens_cannot_write_through_the_dashboard(client, tokens, stu
                                      "the dashboard is read-only for non-admin tokens"}
 
 
+def test_another_owners_study_tells_nothing_of_its_trials(client, tokens, studies):
+    # the trial check ran before the owner check: Bob told Alice's trials (404 "no study")
+    # from the rest (404 "no trial ... in study ...") through her study's id
+    sid, tid = studies[ALICE_STUDY], studies[f"{ALICE_STUDY}/trial"]
+    art = "0123abcd-0000-4000-8000-00000000abcd"
+    for trial in (tid, studies[f"{BOB_STUDY}/trial"], 10**6):
+        r = client.get(f"/artifacts/{sid}/{trial}/{art}", headers=bearer(tokens["bob"]))
+        assert r.status_code == 404, trial
+        assert r.json()["error"]["message"] == f"no study with id {sid}", trial
+
+
+def test_ids_beyond_the_database_integers_answer_404(client, tokens, studies):
+    # SQLite's driver raises OverflowError on such an int: 500 from the gate's trial check
+    # (any token) and from optuna-dashboard (admins)
+    sid, tid = studies[BOB_STUDY], studies[f"{BOB_STUDY}/trial"]
+    big, art = 2**63, "0123abcd-0000-4000-8000-00000000abcd"
+    for who in ("bob", "admin"):
+        h = bearer(tokens[who])
+        for method, path in [("GET", f"/artifacts/{sid}/{big}/{art}"),
+                             ("HEAD", f"/artifacts/{big}/{tid}/{art}"),
+                             ("GET", f"/artifacts/{-big - 1}/{art}"),
+                             ("GET", f"/csv/{big}"), ("GET", f"/api/studies/{big}"),
+                             ("PUT", f"/api/studies/{sid}/{big}/note"),
+                             ("PUT", f"/api/studies/{big}/note")]:
+            r = client.request(method, path, headers=h, json={"version": 1, "body": "x"})
+            expected = 403 if method == "PUT" and who == "bob" else 404  # bob may not write
+            assert r.status_code == expected, (who, method, path, r.text)
+    ok = client.get(f"/artifacts/{sid}/{tid}/{art}", headers=bearer(tokens["bob"]))
+    assert ok.status_code == 404 and "error" not in ok.text  # the gate let it through
+
+
 def test_admin_tokens_can_write_notes_through_the_dashboard(client, tokens, studies):
     h = bearer(tokens["admin"])
     sid, tid = studies[ALICE_STUDY], studies[f"{ALICE_STUDY}/trial"]
