@@ -169,6 +169,16 @@ class AshaSchedulerSpec(Strict):
     brackets: StrictInt = Field(1, ge=1, le=MAX_COUNT)
 
 
+class MoAshaSchedulerSpec(Strict):
+    """Multi-objective ASHA (Schmucker et al., 2021): ``hpo.tune.mo_asha``; several objectives."""
+
+    name: Literal["mo-asha"]
+    max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT,
+                                    description="default: the trials' planned updates")
+    grace_period: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    reduction_factor: StrictFloat = Field(4, gt=1, le=MAX_COUNT)
+
+
 class HyperbandSchedulerSpec(Strict):
     """Synchronous Hyperband (Li et al., 2018), Ray's ``HyperBandScheduler`` (pauses trials)."""
 
@@ -212,6 +222,6 @@ class OptunaPrunerSchedulerSpec(Strict):
 
 
 SchedulerSpec = Annotated[
-    FifoSchedulerSpec | AshaSchedulerSpec | HyperbandSchedulerSpec | MedianSchedulerSpec
-    | PBTSchedulerSpec | PB2SchedulerSpec | OptunaPrunerSchedulerSpec,
+    FifoSchedulerSpec | AshaSchedulerSpec | MoAshaSchedulerSpec | HyperbandSchedulerSpec
+    | MedianSchedulerSpec | PBTSchedulerSpec | PB2SchedulerSpec | OptunaPrunerSchedulerSpec,
     Field(discriminator="name")]

@@ -41,7 +41,7 @@ from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.spec import StudySpec
-from hpo.storage import delete_trial_system_attrs, pareto_front_mask, trial_id_of
+from hpo.storage import delete_trial_system_attrs, nondomination_ranks, trial_id_of
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +73,11 @@ def rank(trials: Iterable[tuple[int, Sequence[float]]], directions: Sequence[str
     signs = np.array([1.0 if d == "minimize" else -1.0 for d in directions])
     if len(directions) == 1:
         return [n for n, _ in sorted(trials, key=lambda t: (signs[0] * t[1][0], t[0]))]
-    order: list[int] = []
-    left = list(trials)
-    while left:
-        losses = np.array([[v if math.isfinite(v) else np.inf for v in vals]
-                           for _, vals in left], dtype=float) * signs
-        losses[np.isnan(losses)] = np.inf
-        on_front = pareto_front_mask(losses)
-        order += [n for (n, _), front in zip(left, on_front, strict=True) if front]
-        left = [t for t, front in zip(left, on_front, strict=True) if not front]
-    return order
+    losses = np.array([[v if math.isfinite(v) else np.inf for v in vals]
+                       for _, vals in trials], dtype=float).reshape(len(trials), len(signs)) * signs
+    losses[np.isnan(losses)] = np.inf
+    fronts = nondomination_ranks(losses)
+    return [n for _, n in sorted(zip(fronts.tolist(), (n for n, _ in trials), strict=True))]
 
 
 def model_meta(storage: optuna.storages.BaseStorage, trial: FrozenTrial,

@@ -11,7 +11,8 @@ Ray itself. What it guarantees, each point answering a trap of ray's
   e.g. early stopping: its trainer's ``stop_reason`` on its last result); stopped
   from outside (a scheduler's STOP decision, the user, the time budget) before
   its planned updates it ends PRUNED, with ``stopped_by`` and ``budget_updates``
-  attributes (ray#15283 lineage);
+  attributes (ray#15283 lineage), and with several objectives ``last_values``
+  (each objective's last reported value: Optuna keeps intermediate values of one);
 * a trial that raised ends FAIL with the error text; a NaN or infinite
   objective ends FAIL with the reason, never stuck in RUNNING (optuna#3132);
 * a COMPLETE trial's value is the objective's last reported value, or its best
@@ -336,7 +337,8 @@ class StudyRecord:
         if not (by_itself or at_end) and (last or t.stopped_by):
             self._finish(t, TrialState.PRUNED, None, {
                 "stopped_by": t.stopped_by or default_stopper,
-                "budget_updates": last.get("step"), "planned_updates": planned})
+                "budget_updates": last.get("step"), "planned_updates": planned,
+                "last_values": self._last_values(last)})
             return TrialState.PRUNED
         values = self._final_values(t)
         if values is None:
@@ -361,6 +363,21 @@ class StudyRecord:
     def open_trials(self) -> list[str]:
         """Ray trial ids of this run whose Optuna trial has not ended yet."""
         return [ray_id for ray_id, t in self.trials.items() if not t.told]
+
+    def _last_values(self, last: Mapping[str, Any]) -> dict[str, float | None] | None:
+        """A multi-objective trial's last reported value of every objective, None where
+        missing or not finite (Optuna keeps intermediate values of one objective only);
+        None for one objective (its intermediate values hold it) or without a report."""
+        if not self.spec.is_multi_objective or not last:
+            return None
+        values = {}
+        for o in self.spec.objectives:
+            try:
+                v = float(last[o.metric])
+            except (KeyError, TypeError, ValueError):
+                v = math.nan
+            values[o.metric] = v if math.isfinite(v) else None
+        return values
 
     def _final_values(self, t: TrialProgress) -> list[float] | None:
         metrics = [o.metric for o in self.spec.objectives]

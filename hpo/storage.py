@@ -16,6 +16,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import optuna
 import sqlalchemy
 import sqlalchemy.dialects.postgresql
@@ -185,6 +186,29 @@ def pareto_front_mask(losses):
         bool array of shape ``(n_trials,)``; rows equal to a front row are on the front too.
     """
     return _is_pareto_front(losses, assume_unique_lexsorted=False)
+
+
+def nondomination_ranks(losses):
+    """The front of each row of ``losses`` by non-dominated sorting (all objectives minimized).
+
+    Front 0 is :func:`pareto_front_mask`'s front; front ``k`` is the front of the rows
+    left after removing fronts ``0`` to ``k - 1``.
+
+    Args:
+        losses: float array of shape ``(n_rows, n_objectives)``, finite or ``inf``.
+
+    Returns:
+        int array of shape ``(n_rows,)``: each row's front, 0-based.
+    """
+    losses = np.asarray(losses, dtype=float)
+    ranks = np.full(len(losses), -1, dtype=int)
+    left = np.arange(len(losses))
+    front = 0
+    while left.size:
+        on_front = pareto_front_mask(losses[left])
+        ranks[left[on_front]] = front
+        left, front = left[~on_front], front + 1
+    return ranks
 
 
 def orm_models():

@@ -304,12 +304,16 @@ def _check_sampler_and_scheduler(spec: StudySpec, task_cls: type[trainers.Task])
             errors.append({"loc": "sampler.name",
                            "msg": f"{sampler} optimizes one objective; use tpe, nsga2, random "
                                   "or grid for several"})
-        if scheduler != "fifo":
+        if scheduler not in ("fifo", "mo-asha"):
             errors.append({"loc": "scheduler.name",
-                           "msg": "early stopping needs one objective; use fifo"})
+                           "msg": f"{scheduler} stops trials by one objective; use mo-asha "
+                                  "or fifo for several"})
         if spec.objective_reduce != "last":
             errors.append({"loc": "objective_reduce", "msg": "must be last with several "
                                                              "objectives"})
+    elif scheduler == "mo-asha":
+        errors.append({"loc": "scheduler.name",
+                       "msg": "mo-asha ranks several objectives; use asha for one"})
     if sampler == "grid":
         for name, param in spec.search_space.items():
             if isinstance(param, FloatParam) and param.step is None:
@@ -439,15 +443,15 @@ def check_budgets(spec: StudySpec) -> None:
     request thread nor inside ``parse_spec``.
 
     Raises:
-        SpecError: ASHA's ``grace_period`` beyond ``max_t``, or a PBT/PB2
+        SpecError: ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, or a PBT/PB2
             ``perturbation_interval`` not below the trials' planned updates.
     """
     s = spec.scheduler
-    if s.name not in ("asha", *POPULATION_SCHEDULERS):
+    if s.name not in ("asha", "mo-asha", *POPULATION_SCHEDULERS):
         return
     task, config = trainers.create(spec.task, spec.config)
     planned = trainers.planned_updates(task, config)
-    if s.name == "asha":
+    if s.name in ("asha", "mo-asha"):
         max_t = s.max_t or planned
         if s.grace_period > max_t:
             where = "max_t" if s.max_t else "the trials' planned updates"

@@ -21,6 +21,7 @@ from hpo.ray_private import HyperBand
 from hpo.record import StudyRecord
 from hpo.space import build_pruner
 from hpo.spec import StudySpec
+from hpo.tune.mo_asha import MultiObjectiveASHA
 
 TIME_ATTR = "step"
 
@@ -125,8 +126,8 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
     Population schedulers (PBT, PB2) are built by ``hpo.tune.pbt.build_pbt``.
 
     Raises:
-        ValueError: ``spec.scheduler.name`` is not one of asha, hyperband, median,
-            optuna-pruner, fifo.
+        ValueError: ``spec.scheduler.name`` is not one of asha, mo-asha, hyperband,
+            median, optuna-pruner, fifo.
     """
     s = spec.scheduler
     if s.name == "asha":
@@ -134,6 +135,11 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
             grace_period=s.grace_period, reduction_factor=s.reduction_factor,
             brackets=s.brackets)
+    elif s.name == "mo-asha":
+        inner = MultiObjectiveASHA(
+            [(o.metric, o.direction) for o in spec.objectives], TIME_ATTR,
+            grace_period=s.grace_period, max_t=s.max_t or planned_updates,
+            reduction_factor=s.reduction_factor)
     elif s.name == "hyperband":
         inner = HyperBand(time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
                           reduction_factor=s.reduction_factor)

@@ -3,8 +3,8 @@
 Training is the real ``trainers.fit`` loop on a 48-sample regression problem
 (milliseconds per update). The reported ``val_loss`` is scripted, so that tests
 know which trials a scheduler should stop: after ``k`` evaluations it is
-``quality + 1 / (k + 1)`` (lower quality = better trial). Options also make a
-trial raise, report NaN, or slow down.
+``quality + 1 / (k + 1)`` (lower quality = better trial), and ``val_score`` is
+``score - val_loss``. Options also make a trial raise, report NaN, or slow down.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from trainers.fields import option
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HpoToyOptions(RegressionOptions):
     quality: float = option(1.0, "offset of the scripted val_loss (lower is better)")
+    score: float = option(0.0, "added to val_score (-val_loss): a second objective that "
+                               "conflicts with val_loss")
     fail_at_update: int = option(0, "raise RuntimeError in this update (0: never)")
     nan_from_eval: int = option(0, "val_loss is NaN from this evaluation on (0: never)")
     sleep_ms: int = option(0, "sleep this long in every micro-batch")
@@ -73,4 +75,4 @@ class HpoToyTask(RegressionTask):
         loss = o.quality + 1.0 / (self.evals + 1)
         if o.nan_from_eval and self.evals >= o.nan_from_eval:
             loss = float("nan")
-        return {"val_loss": loss, "val_score": -loss}
+        return {"val_loss": loss, "val_score": o.score - loss}

@@ -1,0 +1,192 @@
+"""Multi-objective asynchronous successive halving (MO-ASHA) for Ray Tune (issue 18.1).
+
+Schmucker, Donini, Zafar, Salinas and Archambeau, 2021, "Multi-objective
+Asynchronous Successive Halving" (arXiv:2106.12639): ASHA's rungs, with the
+single-objective ranking at a rung replaced by a multi-objective one. Of the
+rankings the paper studies, this is the NSGA-II one (Deb et al., 2002):
+non-dominated sorting, then crowding distance inside a front. Ray's ASHA
+(``AsyncHyperBandScheduler``) is its stopping variant, and so is this: a trial
+is judged when it reaches a rung and stopped there or let on, never paused.
+
+:class:`MoRungs` is the algorithm (no Ray); :class:`MultiObjectiveASHA` answers
+Tune's events with it. Optuna stores intermediate values for one objective only,
+so the objectives are read from each result itself, never from the storage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from hpo.storage import nondomination_ranks
+
+
+def crowding_distance(losses: np.ndarray) -> np.ndarray:
+    """NSGA-II's crowding distance of each row of one front (Deb et al., 2002, section III-B).
+
+    Per objective, the rows are sorted by value (ties keep row order); the first
+    and the last get ``inf``, each other row adds the gap between its two
+    neighbours divided by the objective's range (last minus first). An objective
+    whose values are all equal adds nothing.
+
+    Args:
+        losses: float array of shape ``(n_rows, n_objectives)``, finite.
+
+    Returns:
+        float array of shape ``(n_rows,)``, each ``>= 0`` or ``inf``.
+    """
+    n_rows, n_objectives = losses.shape
+    distance = np.zeros(n_rows)
+    for j in range(n_objectives):
+        order = np.argsort(losses[:, j], kind="stable")
+        v = losses[order, j]
+        width = v[-1] - v[0]
+        if width <= 0:
+            continue
+        distance[order[0]] = distance[order[-1]] = math.inf
+        distance[order[1:-1]] += (v[2:] - v[:-2]) / width
+    return distance
+
+
+class MoRungs:
+    """The rungs of one MO-ASHA bracket and the decision at each (no Ray).
+
+    Rungs lie at ``grace_period * reduction_factor**k`` updates, ``k = 0, 1, ...``,
+    below ``max_t`` (Ray's ASHA has the same; a trial at ``max_t`` is stopped
+    there: it reached its budget).
+
+    The rule at a rung. A trial whose updates reach a rung it is not recorded at
+    (the highest such rung, if its reports skip one) is ranked with the ``n - 1``
+    objective vectors recorded there before it (``n`` vectors in all, its own
+    included), each vector signed so that every objective is minimized:
+
+    1. non-dominated sorting gives each vector its front (0 = the rung's Pareto
+       front);
+    2. inside the trial's front, the crowding distance (:func:`crowding_distance`,
+       over that front's vectors) breaks the tie: the larger, the better;
+    3. ``ahead`` = the recorded vectors in a better front, plus those of its own
+       front with a strictly larger crowding distance.
+
+    The trial continues if ``ahead < ceil(n / reduction_factor)`` (the top
+    ``1/reduction_factor`` of the rung, rounded up, ties in its favour), and is
+    stopped otherwise. Either way its vector is recorded at the rung. So the first
+    trial at a rung continues, and a later one continues if fewer than
+    ``ceil(n / reduction_factor)`` recorded vectors rank above it; with one
+    objective this is ASHA's "top 1/eta" in rank form (Ray interpolates a
+    percentile of the recorded values instead, ``numpy.nanpercentile``).
+
+    A result without a finite value of every objective (missing, NaN, infinite)
+    stops the trial and is not recorded.
+
+    Args:
+        grace_period: updates of the first rung, ``>= 1``.
+        max_t: updates at which every trial stops, ``>= grace_period``.
+        reduction_factor: eta, ``> 1``.
+        directions: ``"minimize"`` or ``"maximize"`` per objective.
+
+    Raises:
+        ValueError: an argument out of its range.
+    """
+
+    def __init__(self, grace_period: int, max_t: int, reduction_factor: float,
+                 directions: Sequence[str]) -> None:
+        if not 1 <= grace_period <= max_t:
+            raise ValueError(f"need 1 <= grace_period <= max_t, got {grace_period=}, {max_t=}")
+        if not reduction_factor > 1:
+            raise ValueError(f"reduction_factor must be > 1, got {reduction_factor=}")
+        if not directions or any(d not in ("minimize", "maximize") for d in directions):
+            raise ValueError(f"need 'minimize' or 'maximize' per objective, got {directions=}")
+        self.max_t, self.reduction_factor = max_t, reduction_factor
+        self.signs = np.array([1.0 if d == "minimize" else -1.0 for d in directions])
+        self.milestones: list[float] = []
+        milestone = float(grace_period)
+        while milestone < max_t:
+            self.milestones.append(milestone)
+            milestone *= reduction_factor
+        # per rung: trial id -> its signed objective vector, in the order recorded
+        self.recorded: list[dict[str, np.ndarray]] = [{} for _ in self.milestones]
+
+    def decide(self, trial_id: str, updates: float, values: Sequence[float] | None) -> bool:
+        """Whether the trial continues after a result at ``updates`` optimizer updates.
+
+        ``values``: the trial's objectives in the order of ``directions`` (raw, not
+        signed), or None when one is missing.
+        """
+        if updates >= self.max_t:
+            return False
+        if values is None or not all(math.isfinite(v) for v in values):
+            return False
+        rung = self._rung(updates)
+        if rung is None or trial_id in rung:
+            return True
+        loss = self.signs * np.asarray(values, dtype=float)
+        keep = math.ceil((len(rung) + 1) / self.reduction_factor)
+        ahead = self._ahead(np.array([*rung.values(), loss]))
+        rung[trial_id] = loss
+        return ahead < keep
+
+    def _rung(self, updates: float) -> dict[str, np.ndarray] | None:
+        """The highest rung at or below ``updates``, None below the first."""
+        for milestone, rung in zip(reversed(self.milestones), reversed(self.recorded),
+                                   strict=True):
+            if updates >= milestone:
+                return rung
+        return None
+
+    @staticmethod
+    def _ahead(losses: np.ndarray) -> int:
+        """How many rows rank strictly above the last row (the rule's step 3)."""
+        fronts = nondomination_ranks(losses)
+        own = fronts == fronts[-1]
+        distance = crowding_distance(losses[own])
+        return int(np.sum(fronts < fronts[-1]) + np.sum(distance[:-1] > distance[-1]))
+
+
+class MultiObjectiveASHA(FIFOScheduler):
+    """Ray Tune scheduler: MO-ASHA (:class:`MoRungs`) over the spec's objectives.
+
+    Tune's ``metric`` and ``mode`` (the first objective's) are not used: every
+    objective is read from each result by name. A result without ``time_attr`` is
+    let on (it cannot be placed at a rung). Trials run first in, first out.
+
+    Args:
+        objectives: ``(metric, direction)`` per objective, ``direction``
+            ``"minimize"`` or ``"maximize"``.
+        time_attr: the result's budget key (``hpo.tune.schedulers.TIME_ATTR``).
+        grace_period, max_t, reduction_factor: as :class:`MoRungs`.
+    """
+
+    def __init__(self, objectives: Sequence[tuple[str, str]], time_attr: str,
+                 grace_period: int, max_t: int, reduction_factor: float) -> None:
+        super().__init__()
+        self.metrics = [m for m, _ in objectives]
+        self.time_attr = time_attr
+        self.rungs = MoRungs(grace_period, max_t, reduction_factor, [d for _, d in objectives])
+        self.n_stopped = 0
+
+    def _values(self, result: Mapping) -> list[float] | None:
+        try:
+            return [float(result[m]) for m in self.metrics]
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def on_trial_result(self, tune_controller, trial, result) -> str:
+        if self.time_attr not in result:
+            return TrialScheduler.CONTINUE
+        if self.rungs.decide(trial.trial_id, result[self.time_attr], self._values(result)):
+            return TrialScheduler.CONTINUE
+        self.n_stopped += 1
+        return TrialScheduler.STOP
+
+    def on_trial_complete(self, tune_controller, trial, result) -> None:
+        # as Ray's ASHA: a last result not seen by on_trial_result is recorded at its rung
+        if result and self.time_attr in result:
+            self.rungs.decide(trial.trial_id, result[self.time_attr], self._values(result))
+
+    def debug_string(self) -> str:
+        sizes = ", ".join(f"{m:g}: {len(r)}" for m, r in
+                          zip(self.rungs.milestones, self.rungs.recorded, strict=True))
+        return f"Using MO-ASHA: n_stopped={self.n_stopped}; trials per rung {{{sizes}}}"
