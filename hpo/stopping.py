@@ -11,6 +11,9 @@ Two rules, either or both:
   budget's result) can improve the best; an improvement of ``d`` or less leaves the
   best as it was (Keras' ``EarlyStopping`` rule for ``min_delta``).
 
+With spec ``constraints``, an infeasible trial's value is no result either: it fires
+no target and improves nothing (it counts as a finished trial that did not improve).
+
 The trials are the study's, those of earlier runs of its driver included. When a rule
 fires no new trial starts; the trials running then go on as their scheduler decides
 (they complete, or are pruned), so none is left RUNNING, and the study ends COMPLETED
@@ -34,7 +37,11 @@ _FAR_FUTURE = dt.datetime.max
 
 
 def _value(t: FrozenTrial) -> float | None:
+    """The trial's objective value where it is a result: COMPLETE, finite and feasible
+    (an infeasible trial, spec ``constraints``, is never the best: ``hpo.summary``)."""
     if t.state != TrialState.COMPLETE or not t.values or not math.isfinite(t.values[0]):
+        return None
+    if not all(c <= 0.0 for c in t.constraints.values()):
         return None
     return t.values[0]
 
@@ -67,8 +74,11 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
                       key=lambda t: (t.datetime_complete or _FAR_FUTURE, t.number))
     best: FrozenTrial | None = None
     since = 0  # finished trials since the best one (since the first, before any best)
+    infeasible = False  # an infeasible COMPLETE trial was seen
     for count, t in enumerate(finished, start=1):
         value = _value(t)
+        infeasible = infeasible or (value is None and t.state == TrialState.COMPLETE
+                                    and bool(t.constraints))
         if value is not None and target is not None and (
                 value >= target if maximize else value <= target):
             return (f"stop_when.target: trial {t.number}'s {metric} {_fmt(value)} reached "
@@ -82,7 +92,8 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
         if no_improvement_trials is not None and since >= no_improvement_trials:
             if best is None:
                 return (f"stop_when.no_improvement_trials: {since} trials finished, none of "
-                        f"them COMPLETE ({count} trials finished)")
+                        f"them COMPLETE{' and feasible' if infeasible else ''} ({count} "
+                        "trials finished)")
             delta = f" by more than {_fmt(min_delta)}" if min_delta else ""
             return (f"stop_when.no_improvement_trials: {since} trials finished since trial "
                     f"{best.number} set the best {metric} {_fmt(best.values[0])}, none "

@@ -18,11 +18,14 @@ T0 = dt.datetime(2026, 1, 1)
 
 
 def _trial(number: int, state: TrialState, value: float | None = None,
-           done_at: int | None = None) -> FrozenTrial:
+           done_at: int | None = None, memory: float | None = None) -> FrozenTrial:
+    """A finished trial; with ``memory``, a spec constraint ``memory.max`` whose
+    violation is ``memory`` (> 0: infeasible), as ``hpo.record`` sets it."""
     t = optuna.trial.create_trial(
         state=state, value=value if state == TrialState.COMPLETE else None,
         params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
-        intermediate_values={1: value} if value is not None else {})
+        intermediate_values={1: value} if value is not None else {},
+        system_attrs={} if memory is None else {"constraints:memory.max": memory})
     t.number = number
     t.datetime_complete = T0 + dt.timedelta(seconds=number if done_at is None else done_at)
     return t
@@ -71,6 +74,25 @@ def test_trials_count_in_the_order_they_finished_not_by_number():
     assert stop_reason([_trial(0, P), _trial(1, P)], **rule) == (
         "stop_when.no_improvement_trials: 2 trials finished, none of them COMPLETE "
         "(2 trials finished)")
+
+
+def test_an_infeasible_trial_fires_no_target_and_sets_no_best():
+    # spec constraints: trial 1 reached the target but broke its memory bound; the best
+    # trial (hpo.summary) is the best feasible one, and so is the rules'
+    trials = [_trial(0, C, 0.5, memory=-1.0), _trial(1, C, 0.99, memory=2.0),
+              _trial(2, C, 0.6, memory=0.0)]
+    rule = dict(metric="acc", maximize=True, target=0.9)
+    assert stop_reason(trials, **rule) is None
+    assert stop_reason([*trials, _trial(3, C, 0.95, memory=-3.0)], **rule) == (
+        "stop_when.target: trial 3's acc 0.95 reached the target 0.9 (4 trials finished)")
+    plateau = dict(metric="acc", maximize=True, no_improvement_trials=2)
+    assert stop_reason(trials, **plateau) is None  # 2 improved on 0 (0.6 > 0.5)
+    assert stop_reason([*trials, _trial(3, C, 0.7, memory=1.0), _trial(4, P)], **plateau) == (
+        "stop_when.no_improvement_trials: 2 trials finished since trial 2 set the best acc "
+        "0.6, none improving it (5 trials finished)")
+    assert stop_reason([_trial(0, C, 0.9, memory=1.0), _trial(1, P)], **plateau) == (
+        "stop_when.no_improvement_trials: 2 trials finished, none of them COMPLETE and "
+        "feasible (2 trials finished)")
 
 
 @pytest.mark.parametrize("stop_when, changes, loc, msg", [
