@@ -286,13 +286,29 @@ def _check_objectives(spec: StudySpec, task_cls) -> tuple[list[Objective], list[
 
 
 def _check_constraints(spec: StudySpec, task_cls) -> list[dict]:
+    """Each constraint's metric is one the trials report: a metric never reported
+    violates its bound (``hpo.record``), so every trial would be infeasible."""
     known = {*task_cls.metrics, *trainers.LOOP_METRICS}
+    workers = spec.resources.workers
     errors = []
     for i, c in enumerate(spec.constraints):
-        if c.metric not in known and not re.fullmatch(r"peak_memory_bytes_rank\d+", c.metric):
-            errors.append({"loc": f"constraints.{i}.metric",
-                           "msg": f"task {spec.task!r} and the loop report {sorted(known)}, "
-                                  f"not {c.metric!r}{did_you_mean(c.metric, known)}"})
+        rank = re.fullmatch(r"peak_memory_bytes_rank([0-9]+)", c.metric)
+        msg = None
+        if rank is not None:
+            if spec.resources.parallelism != "fsdp" or workers < 2 or int(rank[1]) >= workers:
+                msg = (f"{c.metric} is reported under resources.parallelism fsdp with 2 "
+                       f"workers or more, for ranks 0 to workers - 1; this study has "
+                       f"{spec.resources.parallelism} with {workers} worker"
+                       f"{'s' if workers != 1 else ''}")
+        elif c.metric not in known:
+            msg = (f"task {spec.task!r} and the loop report {sorted(known)}, not "
+                   f"{c.metric!r}{did_you_mean(c.metric, known)}")
+        elif c.metric == "tokens_per_s" and c.metric not in task_cls.metrics and \
+                task_cls.item_unit != "token":
+            msg = (f"tokens_per_s is reported by token tasks only; task {spec.task!r} "
+                   f"counts {task_cls.item_unit}s (samples_per_s)")
+        if msg is not None:
+            errors.append({"loc": f"constraints.{i}.metric", "msg": msg})
     return errors
 
 

@@ -16,14 +16,15 @@ from hpo.storage import open_storage
 from hpo.tune.driver import outcome
 
 
-def _spec(name: str, constraints: list[dict], sampler: dict | None = None, n: int = 30):
+def _spec(name: str, constraints: list[dict], sampler: dict | None = None, n: int = 30,
+          **changes):
     return parse_spec({
         "name": name, "task": "toy-hpo",
         "config": {"max_updates": 4, "max_epochs": None},
         "search_space": {"quality": {"type": "float", "low": 0.0, "high": 10.0}},
         "objective": {"metric": "val_score"},  # maximize -(quality + 0.2): quality -> 0
         "sampler": sampler or {"name": "tpe", "seed": 0, "n_startup_trials": 5},
-        "budget": {"n_trials": n}, "constraints": constraints})
+        "budget": {"n_trials": n}, "constraints": constraints, **changes})
 
 
 def _run_in_process(record: StudyRecord, n: int, extra=lambda q: {}) -> None:
@@ -110,10 +111,30 @@ def test_a_bad_constraint_names_its_field(constraints, loc, msg):
 
 
 def test_per_rank_peak_memory_is_a_metric_a_constraint_may_bound():
+    fsdp = {"parallelism": "fsdp", "workers": 2}
     spec = _spec("ranks", [{"metric": "peak_memory_bytes_rank1", "max": 1e9},
-                           {"metric": "val_loss", "min": 0.5}])
+                           {"metric": "val_loss", "min": 0.5}], resources=fsdp)
     assert [c.key for c in spec.constraints] == ["peak_memory_bytes_rank1.max",
                                                  "val_loss.min"]
+
+
+@pytest.mark.parametrize("metric, resources, msg", [
+    ("peak_memory_bytes_rank2", {"parallelism": "fsdp", "workers": 2}, "fsdp with 2 workers"),
+    ("peak_memory_bytes_rank1", {"workers": 2}, "ddp with 2 workers"),
+    ("peak_memory_bytes_rank0", {}, "ddp with 1 worker"),
+    ("peak_memory_bytes_rank\u0661", {"parallelism": "fsdp", "workers": 2}, None),  # 1 in Arabic
+    ("tokens_per_s", {}, "tokens_per_s is reported by token tasks only; task 'toy-hpo' "
+                         "counts samples (samples_per_s)"),
+])
+def test_a_constraint_on_a_metric_these_trials_never_report_is_refused(metric, resources,
+                                                                        msg):
+    # a metric never reported violates its bound: every trial infeasible, no best, no model
+    with pytest.raises(SpecError) as e:
+        _spec("never", [{"metric": metric, "max": 1e9}], resources=resources)
+    (error,) = e.value.errors
+    assert error["loc"] == "constraints.0.metric"
+    if msg is not None:
+        assert msg in error["msg"]
 
 
 def test_a_multi_objective_study_s_front_holds_only_feasible_trials(sqlite_url):
