@@ -11,6 +11,7 @@ given the same store, lists and downloads it; the service streams it
 (``GET /v1/studies/{name}/trials/{number}/model``).
 
 Retention: the study keeps the models of its best ``keep_models`` COMPLETE trials
+(feasible ones, with spec ``constraints``: an infeasible trial is never ranked)
 (the spec's field, default 3; 0 keeps none). After each COMPLETE trial the
 others' models are deleted (the file, then its meta), and a trial outside the
 best ``keep_models`` gets no model at all. "Best": single objective, by value in
@@ -165,6 +166,8 @@ class ModelKeeper:
         self.directions = [d.name.lower() for d in storage.get_study_directions(study_id)]
         self.complete = {}
         for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,)):
+            if not all(c <= 0.0 for c in t.constraints.values()):
+                continue  # infeasible (spec constraints): never among the best, as in process
             self.complete[t.number] = list(t.values)
             meta = model_meta(storage, t, self.study)
             if meta is not None:

@@ -122,6 +122,28 @@ def test_retention_midway_and_after_a_new_driver(sqlite_url, tmp_path, checkpoin
     assert len(list((tmp_path / "a").iterdir())) == 2
 
 
+def test_a_new_driver_ranks_only_feasible_trials(sqlite_url, tmp_path, checkpoint):
+    # spec constraints: an infeasible trial keeps no model and is never the best; a new
+    # driver's keeper read it back among the COMPLETE trials and ranked it first, so the
+    # best feasible trial's model was deleted and the next one's not kept: no model at all
+    storage = open_storage(sqlite_url)
+    spec = _spec("feasible", 1, constraints=[{"metric": "val_loss", "min": 0.2}])
+    store = artifact_store(tmp_path / "a")
+
+    def run(record: StudyRecord, trials: list[tuple[int, float]]) -> None:
+        for i, value in trials:
+            record.ask(f"r{i}")
+            record.result(f"r{i}", {"step": 40, "val_loss": value, "planned_updates": 40,
+                                    "checkpoint_location": checkpoint})
+            record.complete_or_prune(f"r{i}", "asha")
+
+    run(StudyRecord(spec, storage, models=ModelKeeper(spec, store)), [(0, 0.5), (1, 0.1)])
+    assert set(_kept(storage, spec.name)) == {0}  # 1 is below the bound: infeasible
+    run(StudyRecord(spec, storage, models=ModelKeeper(spec, store)), [(2, 0.3)])
+    assert set(_kept(storage, spec.name)) == {2}
+    assert len(list((tmp_path / "a").iterdir())) == 1
+
+
 def test_the_kept_file_is_the_trials_model(sqlite_url, tmp_path, checkpoint):
     storage = open_storage(sqlite_url)
     spec = _spec("content", 1)
