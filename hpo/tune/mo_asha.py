@@ -58,9 +58,10 @@ class MoRungs:
     below ``max_t`` (Ray's ASHA has the same; a trial at ``max_t`` is stopped
     there: it reached its budget).
 
-    The rule at a rung. A trial whose updates reach a rung it is not recorded at
-    (the highest such rung, if its reports skip one) is ranked with the ``n - 1``
-    objective vectors recorded there before it (``n`` vectors in all, its own
+    The rule at a rung. A trial is judged once per rung: at its first result whose
+    updates reach the rung (the highest rung reached: a trial whose reports skip a
+    rung is judged at the next one only). It is ranked with the ``n - 1``
+    objective vectors recorded at the rung before it (``n`` vectors in all, its own
     included), each vector signed so that every objective is minimized:
 
     1. non-dominated sorting gives each vector its front (0 = the rung's Pareto

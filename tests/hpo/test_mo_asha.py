@@ -286,3 +286,24 @@ def test_a_study_on_ray_prunes_the_dominated_trial_and_keeps_its_last_values(
     assert t0.user_attrs["stop_reason"] == "reached its planned updates"
     assert "last_values" not in t0.user_attrs
     assert [number for number, *_ in out.pareto_front] == [0, 2]
+
+
+def test_nsga2_builds_its_generations_from_complete_trials_only():
+    # what the README says of PRUNED trials under mo-asha: NSGA-II's populations count
+    # COMPLETE trials only (Optuna 5.0, BaseGASampler.get_trial_generation)
+    sampler = optuna.samplers.NSGAIISampler(population_size=2, seed=0)
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
+    x = optuna.distributions.FloatDistribution(0.0, 1.0)
+    for i in range(3):
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.PRUNED, params={"x": i / 4}, distributions={"x": x},
+            user_attrs={"last_values": {"a": 0.0, "b": 0.0}}))
+
+    def next_generation() -> int:
+        trial = study.ask({"x": x})
+        generation = sampler.get_trial_generation(study, study.trials[trial.number])
+        study.tell(trial, [trial.params["x"], 1.0 - trial.params["x"]])
+        return generation
+
+    # three pruned trials, a population of 2: still generation 0 until 2 COMPLETE
+    assert [next_generation() for _ in range(3)] == [0, 0, 1]
