@@ -268,6 +268,11 @@ class StudySpec(Strict):
             if keys.count(key) > 1:
                 raise ValueError(f"two bounds named {key}: give each metric one max and "
                                  "one min at most")
+        highs = {c.metric: c.max for c in v if c.max is not None}
+        for c in v:
+            if c.min is not None and c.metric in highs and c.min > highs[c.metric]:
+                raise ValueError(f"{c.metric}: min {c.min:g} is above max "
+                                 f"{highs[c.metric]:g}, so no trial could be feasible")
         return v
 
     @field_serializer("objectives", mode="wrap")

@@ -96,6 +96,8 @@ def test_a_missing_or_nan_metric_is_a_violation_and_no_feasible_trial_means_no_b
      "give one bound: max or min"),
     ([{"metric": "val_loss", "max": 1.0}, {"metric": "val_loss", "max": 2.0}], "constraints",
      "two bounds named val_loss.max: give each metric one max and one min at most"),
+    ([{"metric": "val_loss", "max": 0.1}, {"metric": "val_loss", "min": 0.5}], "constraints",
+     "val_loss: min 0.5 is above max 0.1, so no trial could be feasible"),
     ([{"metric": "val_los", "max": 1.0}], "constraints.0.metric",
      "task 'toy-hpo' and the loop report ['epoch', 'grad_norm', 'loss_scale', 'lr', "
      "'peak_memory_bytes', 'planned_updates', 'samples', 'samples_per_s', "
