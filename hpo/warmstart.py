@@ -1,9 +1,11 @@
 """Warm start: points to evaluate first, given in the spec or taken from earlier studies.
 
-The points are enqueued in the new study (Optuna's ``enqueue_trial``) before
-its first trial is asked, each with a ``warm_start`` user attribute naming its
-source (``points[2]`` or ``study:NAME#17``); the study keeps the list of its
-sources in its ``warm_start`` user attribute.
+An earlier study's top trials are its best COMPLETE ones, feasible ones only where it
+had constraints (as its best trial). The points are enqueued in the new study
+(Optuna's ``enqueue_trial``) before its first trial is asked, each with a
+``warm_start`` user attribute naming its source (``points[2]`` or
+``study:NAME#17``); the study keeps the list of its sources in its ``warm_start``
+user attribute.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def warm_start_points(spec: StudySpec, storage: optuna.storages.BaseStorage
             points.append((dict(entry.params), f"points[{i}]"))
             continue
         source = _source_study(entry.study, storage, f"warm_start.{i}.study")
-        complete = source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        complete = [t for t in source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if all(c <= 0.0 for c in t.constraints.values())]  # feasible only
         best_first = sorted(complete, key=lambda t: t.value,
                             reverse=source.direction == optuna.study.StudyDirection.MAXIMIZE)
         for t in best_first[:entry.top_k]:

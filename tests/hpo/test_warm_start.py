@@ -58,3 +58,22 @@ def test_missing_or_pbt_source_study_is_refused(sqlite_url, tmp_path):
     with pytest.raises(SpecError, match="PBT study"):
         run_study(toy_spec("from-pbt", warm_start=[{"study": "a-pbt-study"}]), sqlite_url,
                   results_dir=tmp_path)
+
+
+def test_an_earlier_study_s_top_trials_are_its_feasible_ones(sqlite_url):
+    # spec constraints: an infeasible trial is never among a study's best (hpo.summary),
+    # so not among the top_k a later study starts from either
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from hpo.warmstart import warm_start_points
+
+    source = optuna.create_study(study_name="bounded", storage=sqlite_url)
+    for quality, violation in [(1.0, 0.5), (2.0, -0.1), (3.0, 0.0), (4.0, -1.0)]:
+        source.add_trial(create_trial(
+            value=quality, params={"quality": quality},
+            distributions={"quality": FloatDistribution(0.0, 10.0)},
+            system_attrs={"constraints:val_loss.max": violation}))
+    spec = toy_spec("warm", warm_start=[{"study": "bounded", "top_k": 2}])
+    assert warm_start_points(spec, source._storage) == [
+        ({"quality": 2.0}, "study:bounded#1"), ({"quality": 3.0}, "study:bounded#2")]
