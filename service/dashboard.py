@@ -28,8 +28,9 @@ its own, and many of its routes write: create, rename and delete studies,
     (``/artifacts/ID/TRIAL/...``, a trial's note) that is not one of study ID's;
     for a non-admin token (and open reads) the study detail and its CSV
     (``/api/studies/ID``, ``/csv/ID``) leave out the trials' ``checkpoint``
-    attribute, a server path, as ``/v1`` does (the plots' hover texts of
-    ``plot/pareto_front`` and ``plot/timeline`` still carry it);
+    attribute, a server path, and show a failed trial's ``fail_reason`` as one
+    line without server paths, as ``/v1`` does (the plots' hover texts of
+    ``plot/pareto_front`` and ``plot/timeline`` still carry them);
   - writes, for admin tokens only: the study's note and its trials' notes
     (``PUT /api/studies/ID/note``, ``PUT /api/studies/ID/TRIAL/note``), which
     only the dashboard reads.
@@ -90,7 +91,7 @@ from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve
 from service.db import StudyRow
 from service.errors import NotAuthenticated
-from service.schemas import HIDDEN_TRIAL_ATTRS
+from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
 from service.settings import Settings
 
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -335,12 +336,21 @@ def _owned_studies(owned: set[int], body: bytes) -> bytes:
     return json.dumps(data).encode()
 
 
+def _public_value(key: str, value: str) -> str:
+    """A user attribute's value as the dashboard shows it, made public as ``/v1`` does
+    (:func:`service.schemas.public_attrs`: a ``fail_reason`` traceback becomes one line
+    without server paths)."""
+    return public_attrs({key: value}).get(key, value)
+
+
 def _hide_attrs_in_study(body: bytes) -> bytes:
     """The ``/api/studies/ID`` answer without the trials' hidden user attributes
-    (:data:`service.schemas.HIDDEN_TRIAL_ATTRS`: the ``checkpoint`` server path), as ``/v1``."""
+    (:data:`service.schemas.HIDDEN_TRIAL_ATTRS`: the ``checkpoint`` server path), and
+    with their public values (a failed trial's ``fail_reason``), as ``/v1``."""
     data = json.loads(body)
     for trial in [*data.get("trials", []), *data.get("best_trials", [])]:
-        trial["user_attrs"] = [a for a in trial.get("user_attrs", [])
+        trial["user_attrs"] = [{**a, "value": _public_value(a.get("key"), a.get("value"))}
+                               for a in trial.get("user_attrs", [])
                                if a.get("key") not in HIDDEN_TRIAL_ATTRS]
     data["union_user_attrs"] = [a for a in data.get("union_user_attrs", [])
                                 if a.get("key") not in HIDDEN_TRIAL_ATTRS]
@@ -348,12 +358,19 @@ def _hide_attrs_in_study(body: bytes) -> bytes:
 
 
 def _hide_attrs_in_csv(body: bytes) -> bytes:
-    """The ``/csv/ID`` answer without the columns of hidden user attributes."""
+    """The ``/csv/ID`` answer without the columns of hidden user attributes, and with the
+    public values of the others (a failed trial's ``fail_reason``)."""
     rows = list(csv.reader(io.StringIO(body.decode(), newline="")))
     hidden = {f"UserAttribute {key}" for key in HIDDEN_TRIAL_ATTRS}
-    keep = [i for i, name in enumerate(rows[0] if rows else []) if name not in hidden]
+    header = rows[0] if rows else []
+    keep = [i for i, name in enumerate(header) if name not in hidden]
+    keys = {i: name.removeprefix("UserAttribute ") for i, name in enumerate(header)
+            if name.startswith("UserAttribute ")}
     out = io.StringIO()
-    csv.writer(out).writerows([[row[i] for i in keep if i < len(row)] for row in rows])
+    csv.writer(out).writerows([header[i] for i in keep] if n == 0 else
+                              [_public_value(keys[i], row[i]) if i in keys and row[i] else row[i]
+                               for i in keep if i < len(row)]
+                              for n, row in enumerate(rows))
     return out.getvalue().encode()
 
 

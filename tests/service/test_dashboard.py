@@ -375,3 +375,30 @@ def test_open_reads_hide_the_checkpoint_path_too(settings, tokens, checkpointed)
         r = c.get(f"/api/studies/{checkpointed}")
         assert r.status_code == 200 and CHECKPOINT not in r.text
         assert CHECKPOINT not in c.get(f"/csv/{checkpointed}").text
+
+
+def test_the_dashboard_shows_a_failed_trials_reason_as_v1_does(client, tokens, checkpointed,
+                                                               app, settings):
+    # a FAIL trial's fail_reason holds the error's text as Tune gave it (a traceback with
+    # server paths); /v1 answers its one public line, the dashboard answered all of it
+    storage = app.state.components.studies.storage
+    study = optuna.load_study(study_name="checkpointed", storage=storage)
+    reason = ("Traceback (most recent call last):\n"
+              '  File "/srv/hpo/venv/lib/trainers/loop.py", line 12, in fit\n'
+              "    raise RuntimeError(msg)\n"
+              "RuntimeError: no space left on /srv/hpo-runs/checkpointed/trial_1")
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                              user_attrs={"fail_reason": reason}))
+    public = client.get("/v1/studies/checkpointed/trials/1", headers=bearer(tokens["alice"]))
+    line = public.json()["user_attrs"]["fail_reason"]
+    assert line == "RuntimeError: no space left on <path>"
+    with TestClient(create_app(settings.replace(open_reads=True))) as anonymous:
+        for c, h in [(client, bearer(tokens["alice"])), (anonymous, {})]:
+            detail = c.get(f"/api/studies/{checkpointed}", headers=h)
+            assert detail.status_code == 200 and "/srv/" not in detail.text
+            assert {"key": "fail_reason", "value": line} in \
+                _strict_json(detail.text)["trials"][1]["user_attrs"]
+            table = c.get(f"/csv/{checkpointed}", headers=h)
+            assert table.status_code == 200 and "/srv/" not in table.text and line in table.text
+    admin = client.get(f"/api/studies/{checkpointed}", headers=bearer(tokens["admin"]))
+    assert "/srv/hpo/venv" in admin.text  # admins see what the driver wrote
