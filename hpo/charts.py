@@ -317,8 +317,9 @@ def finish_order(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 def cost_figure(spec: StudySpec, trials: Sequence[FrozenTrial],
                 device_kind: str = "cpu") -> go.Figure:
     """What quality cost: each finished trial's device-seconds (bars by state), and the
-    best value so far of each objective against the cumulative device-seconds of every
-    finished trial (pruned and failed ones cost too), in the order trials ended.
+    best value so far of each objective (of feasible trials, with constraints) against
+    the cumulative device-seconds of every finished trial (pruned and failed ones cost
+    too), in the order trials ended.
 
     ``device_kind``: ``cpu`` or ``gpu``, what the trials' ``device_seconds`` count (the
     study's ``device_kind`` attribute).
@@ -341,7 +342,8 @@ def cost_figure(spec: StudySpec, trials: Sequence[FrozenTrial],
         pick = max if objective.direction == "maximize" else min
         xs, ys, texts, best = [], [], [], None
         for t, x in zip(done, spent, strict=True):
-            if t.state == TrialState.COMPLETE and t.values is not None:
+            if t.state == TrialState.COMPLETE and t.values is not None and \
+                    all(c <= 0.0 for c in t.constraints.values()):  # feasible (constraints)
                 best = t.values[k] if best is None else pick(best, t.values[k])
             if best is not None:
                 xs.append(x)

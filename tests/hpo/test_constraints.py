@@ -179,3 +179,26 @@ def test_a_study_on_ray_records_constraints_from_the_trials_last_report(sqlite_u
     feasible = [t for t in trials if t.user_attrs["feasible"]]
     assert out.best_number == (min(feasible, key=lambda t: t.value).number if feasible
                                else None)
+
+
+def test_the_cost_chart_s_best_so_far_counts_feasible_trials_only():
+    # an infeasible trial is never the best (hpo.summary); the chart drew it as the best
+    import datetime as dt
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from hpo.charts import cost_figure
+
+    spec = _spec("cost", FLOOR)  # maximize val_score; feasible: val_loss >= 5.2
+    trials = []
+    for number, (score, violation) in enumerate([(-6.0, -0.8), (-0.5, 4.9), (-5.5, -0.3)]):
+        t = create_trial(value=score, params={"quality": 1.0},
+                         distributions={"quality": FloatDistribution(0.0, 10.0)},
+                         user_attrs={"device_seconds": 1.0},
+                         system_attrs={"constraints:val_loss.min": violation})
+        t.number = number
+        t.datetime_complete = dt.datetime(2026, 1, 1, 0, 0, number)
+        trials.append(t)
+    (best,) = [tr for tr in cost_figure(spec, trials).data if tr.name.startswith("best ")]
+    assert list(best.y) == [-6.0, -6.0, -5.5]
