@@ -29,8 +29,8 @@ its own, and many of its routes write: create, rename and delete studies,
     for a non-admin token (and open reads) the study detail and its CSV
     (``/api/studies/ID``, ``/csv/ID``) leave out the trials' ``checkpoint``
     attribute, a server path, and show a failed trial's ``fail_reason`` as one
-    line without server paths, as ``/v1`` does (the plots' hover texts of
-    ``plot/pareto_front`` and ``plot/timeline`` still carry them);
+    line without server paths, as ``/v1`` does; so do the hover texts of the
+    plots (``plot/timeline``, ``plot/pareto_front``);
   - writes, for admin tokens only: the study's note and its trials' notes
     (``PUT /api/studies/ID/note``, ``PUT /api/studies/ID/TRIAL/note``), which
     only the dashboard reads.
@@ -374,12 +374,48 @@ def _hide_attrs_in_csv(body: bytes) -> bytes:
     return out.getvalue().encode()
 
 
-# the answers that carry trials' user attributes, rewritten for non-admin tokens (the
-# pareto_front and timeline plots' hover texts carry them too, as text inside plotly
-# figures: not rewritten)
+def _public_hovertext(text: str) -> str:
+    """An Optuna plot's hover text (``optuna.visualization._utils._make_hovertext``: a
+    trial's number, values, params and user attributes as indented JSON, lines joined by
+    ``<br>``) with the user attributes as ``/v1`` shows them; any other text as it was."""
+    if "user_attrs" not in text:
+        return text
+    try:
+        data = json.loads(text.replace("<br>", "\n"))
+    except ValueError:
+        return text
+    if not isinstance(data, dict) or not isinstance(data.get("user_attrs"), dict):
+        return text
+    data["user_attrs"] = public_attrs(data["user_attrs"])
+    if not data["user_attrs"]:
+        del data["user_attrs"]
+    return json.dumps(data, indent=2).replace("\n", "<br>")
+
+
+def _public_strings(node):
+    if isinstance(node, str):
+        return _public_hovertext(node)
+    if isinstance(node, list):
+        return [_public_strings(v) for v in node]
+    if isinstance(node, dict):
+        return {k: _public_strings(v) for k, v in node.items()}
+    return node
+
+
+def _hide_attrs_in_plot(body: bytes) -> bytes:
+    """A ``/api/studies/ID/plot/KIND`` answer (a plotly figure) whose hover texts show the
+    trials' user attributes as ``/v1`` does (``timeline`` and ``pareto_front`` carry them)."""
+    data = json.loads(body)
+    if isinstance(data, dict):
+        data["data"] = _public_strings(data.get("data", []))
+    return json.dumps(data).encode()
+
+
+# the answers that carry trials' user attributes, rewritten for non-admin tokens
 HIDING: dict[str, Rewrite] = {
     "/api/studies/<study_id:int>": _hide_attrs_in_study,
     "/csv/<study_id:int>": _hide_attrs_in_csv,
+    "/api/studies/<study_id:int>/plot/<plot_type>": _hide_attrs_in_plot,
 }
 
 

@@ -402,3 +402,32 @@ def test_the_dashboard_shows_a_failed_trials_reason_as_v1_does(client, tokens, c
             assert table.status_code == 200 and "/srv/" not in table.text and line in table.text
     admin = client.get(f"/api/studies/{checkpointed}", headers=bearer(tokens["admin"]))
     assert "/srv/hpo/venv" in admin.text  # admins see what the driver wrote
+
+
+def _texts(node) -> str:
+    """Every string inside a decoded JSON value, one per line (plotly escapes ``/``)."""
+    if isinstance(node, str):
+        return node + "\n"
+    items = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+    return "".join(_texts(v) for v in items)
+
+
+@pytest.mark.parametrize("plot", ["timeline", "slice"])
+def test_the_dashboard_plots_hover_texts_hide_what_v1_hides(client, tokens, checkpointed, app,
+                                                           plot):
+    # optuna's hover texts hold each trial's user attributes: the checkpoint path and a
+    # failed trial's traceback reached non-admin tokens through the plots
+    storage = app.state.components.studies.storage
+    optuna.load_study(study_name="checkpointed", storage=storage).add_trial(
+        optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={
+            "fail_reason": 'File "/srv/hpo/venv/loop.py", line 1\nValueError: bad'}))
+    url = f"/api/studies/{checkpointed}/plot/{plot}"
+    r = client.get(url, headers=bearer(tokens["alice"]))
+    texts = _texts(json.loads(r.text))
+    assert r.status_code == 200 and "/srv/" not in texts
+    head = client.head(url, headers=bearer(tokens["alice"]))
+    assert int(head.headers["content-length"]) == len(r.content)
+    if plot == "timeline":  # its hover texts: the other attributes stay; admins see all
+        assert "n_steps" in texts and "ValueError: bad" in texts
+        assert CHECKPOINT in _texts(json.loads(
+            client.get(url, headers=bearer(tokens["admin"])).text))
