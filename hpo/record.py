@@ -439,7 +439,7 @@ class StudyRecord:
             value = t.last.get(c.metric)
             try:
                 violation = c.violation(float(value))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # not a number, or beyond float
                 violation = math.inf
             if math.isnan(violation):
                 violation = math.inf

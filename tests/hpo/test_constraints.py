@@ -202,3 +202,13 @@ def test_the_cost_chart_s_best_so_far_counts_feasible_trials_only():
         trials.append(t)
     (best,) = [tr for tr in cost_figure(spec, trials).data if tr.name.startswith("best ")]
     assert list(best.y) == [-6.0, -6.0, -5.5]
+
+
+def test_a_reported_integer_beyond_float_is_a_violation_not_a_crash(sqlite_url):
+    record = StudyRecord(_spec("huge", [{"metric": "samples", "max": 1.0e6}],
+                               sampler={"name": "random", "seed": 3}, n=1),
+                         open_storage(sqlite_url))
+    _run_in_process(record, 1, lambda q: {"samples": 10 ** 400})
+    (trial,) = record.study.trials
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["feasible"] is False
+    assert math.isinf(trial.constraints["samples.max"])
