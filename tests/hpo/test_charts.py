@@ -276,8 +276,11 @@ def test_a_pbt_study_ends_with_its_note_lineage_and_cost_charts(sqlite_url, tmp_
 
     spec = parse_spec({
         "name": "toy-pbt-charts", "task": "toy-hpo",
+        # slow enough (24 x 0.2 s) that the four members train at the same time even when
+        # their actors start seconds apart on a busy machine: PBT exploits only among
+        # members that have reported
         "config": {"max_updates": 24, "max_epochs": None, "eval_interval": 3,
-                   "micro_batch_size": 8},
+                   "micro_batch_size": 8, "sleep_ms": 200},
         "search_space": {"quality": {"type": "float", "low": 0.0, "high": 10.0}},
         "objective": {"metric": "val_loss"}, "sampler": {"name": "random", "seed": 3},
         "scheduler": {"name": "pbt", "perturbation_interval": 6, "quantile_fraction": 0.5},
