@@ -119,7 +119,8 @@ def run(
             out.print(f"  #{number}: {shown}  {params}")
         return
     if result.best_number is None:
-        out.print("no complete trial")
+        out.print("no complete and feasible trial (every complete trial breaks a constraint)"
+                  if c.complete and spec.constraints else "no complete trial")
         return
     out.print(f"best trial #{result.best_number}: {spec.objectives[0].metric} = "
               f"{result.best_value:.6g}")

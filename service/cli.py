@@ -216,6 +216,9 @@ def submit(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", exists=True
         study = follow(client, study["name"], err)
     except ApiError as e:
         _fail(e)
+    if study.get("stop_reason"):
+        err.print(f"stopped before its budget: {study['stop_reason']}", markup=False,
+                  soft_wrap=True, highlight=False)
     _print_best(study)
     _exit_for(study)
 
@@ -327,7 +330,8 @@ def best(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     except ApiError as e:
         _fail(e)
     if not study["best_trials"]:
-        err.print(f"study {name} has no complete trial yet")
+        feasible = " and feasible" if study["spec"].get("constraints") else ""
+        err.print(f"study {name} has no complete{feasible} trial yet")
         raise typer.Exit(1)
     _print_best(study)
 

@@ -138,8 +138,9 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"no such model file: {path}") from None
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same here
-        raise CheckpointError(f"cannot read model file {path}: {type(e).__name__}: {e}"
-                              ) from None
+        # torch's own text suggests weights_only=False, which would run the file's code
+        raise CheckpointError(f"cannot read {path} as a model file (a torch file of tensors "
+                              f"and plain values): {type(e).__name__}") from None
     if not isinstance(model, dict) or model.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a model file (no format {FORMAT!r})")
     version = model.get("format_version")

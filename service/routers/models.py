@@ -44,6 +44,11 @@ def _no_model(studies: StudyService, who: Principal, name: str, what: str) -> Tr
                          f"models of its best {keep} COMPLETE trials (spec field keep_models)")
 
 
+def _feasible(studies: StudyService, who: Principal, name: str) -> str:
+    """`` and feasible`` where the study has constraints (its best trials are feasible)."""
+    return " and feasible" if studies.view(who, name).row.spec.get("constraints") else ""
+
+
 def _trial_model(studies: StudyService, who: Principal, name: str,
                  number: int | None) -> tuple[FrozenTrial, dict[str, Any]]:
     """The trial (``None``: the best one with a model) and its model's artifact meta.
@@ -60,10 +65,14 @@ def _trial_model(studies: StudyService, who: Principal, name: str,
             if meta is not None:
                 return trial, meta
         if not numbers:
-            raise TrialNotFound(f"study {name!r} has no COMPLETE trial yet, so no model")
+            raise TrialNotFound(f"study {name!r} has no COMPLETE{_feasible(studies, who, name)} "
+                                "trial yet, so no model")
         raise _no_model(studies, who, name, "the best trial")
     trial = studies.trial(who, name, number)
     meta = model_meta(studies.storage, trial, name)
+    if meta is None and trial.user_attrs.get("feasible") is False:
+        raise TrialNotFound(f"trial {number} of study {name!r} has no kept model: it breaks "
+                            "the study's constraints, and an infeasible trial keeps none")
     if meta is None:
         raise _no_model(studies, who, name, f"trial {number}")
     return trial, meta

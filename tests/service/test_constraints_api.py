@@ -57,3 +57,25 @@ def test_a_constraint_on_a_metric_nobody_reports_answers_422_naming_it(client, t
     fields = {e["loc"]: e["msg"] for e in r.json()["error"]["details"]}
     assert fields["constraints.0.metric"].endswith(
         "not 'peak_memory' (did you mean 'peak_memory_bytes'?)")
+
+
+def test_an_infeasible_trial_s_model_answer_says_why_and_no_feasible_means_no_best(
+        client, app, tokens):
+    data = tiny_spec("none-fit", constraints=MEMORY)
+    assert client.post("/v1/studies", json=data,
+                       headers=bearer(tokens["alice"])).status_code == 201
+    record = StudyRecord(parse_spec(data), app.state.components.studies.storage,
+                         compare_spec=False)
+    record.ask("r0")
+    record.result("r0", {"step": 4, "planned_updates": 4, "val_accuracy": 0.9,
+                         "peak_memory_bytes": 5.0e8})
+    record.complete_or_prune("r0", "fifo")
+    record_summary(app, "none-fit")
+    alice = bearer(tokens["alice"])
+    r = client.get("/v1/studies/none-fit/trials/0/model", headers=alice)
+    assert r.status_code == 404 and r.json()["error"]["message"] == (
+        "trial 0 of study 'none-fit' has no kept model: it breaks the study's constraints, "
+        "and an infeasible trial keeps none")
+    r = client.get("/v1/studies/none-fit/model", headers=alice)
+    assert r.status_code == 404 and r.json()["error"]["message"] == \
+        "study 'none-fit' has no COMPLETE and feasible trial yet, so no model"

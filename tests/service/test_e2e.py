@@ -125,6 +125,7 @@ def test_the_client_commands_submit_wait_status_trials_best(server_process, sqli
         "n_trials": 3, "stop_when": {"target": 0.0}})))
     early = runner.invoke(hpo_app, ["submit", str(spec_path), "--wait"], env=env)
     assert early.exit_code == 0, early.output
+    assert "stopped before its budget: stop_when.target: trial 0's" in early.output
     study = _study(server, token, "early")
     assert study["status"] == "COMPLETED" and study["counts"]["complete"] == 1
     reason = study["stop_reason"]

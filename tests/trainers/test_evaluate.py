@@ -107,6 +107,12 @@ def test_load_refuses_what_is_not_a_model_file(tmp_path):
         load_model_file(tmp_path / "y.pt")
     with pytest.raises(CheckpointError, match="no such model file"):
         load_model_file(tmp_path / "missing.pt")
+    (tmp_path / "spec.yaml").write_text("name: a\n")  # a spec given by mistake
+    with pytest.raises(CheckpointError) as e:
+        load_model_file(tmp_path / "spec.yaml")
+    assert str(e.value) == (f"cannot read {tmp_path / 'spec.yaml'} as a model file (a torch "
+                            "file of tensors and plain values): UnpicklingError")
+    assert "weights_only" not in str(e.value)  # torch's advice to unpickle code
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
