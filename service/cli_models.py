@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -51,8 +53,9 @@ def model(name: str,
         raise typer.Exit(1) from None
     finally:
         client.close()
-    out.print(f"wrote {written} ({size:,} bytes); evaluate it with: "
-              f"python -m trainers evaluate {written}", highlight=False, soft_wrap=True)
+    command = f"{shlex.quote(sys.executable)} -m trainers evaluate {shlex.quote(str(written))}"
+    out.print(f"wrote {written} ({size:,} bytes); evaluate it with: {command}",
+              highlight=False, soft_wrap=True)
 
 
 def _download(client, path: str, output: Path | None) -> tuple[Path, int]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import sys
 
 import optuna
 import pytest
@@ -143,7 +144,8 @@ def test_hpo_model_writes_the_file(live_server, world, tmp_path, monkeypatch):
     result = runner.invoke(hpo_app, ["model", NAME, "-o", str(out / "best.pt")])
     assert result.exit_code == 0, result.output
     assert load_model_file(out / "best.pt")["origin"]["trial"] == 1
-    assert "python -m trainers evaluate" in result.output
+    # the interpreter hpo runs in (its venv's), which has torch and trainers
+    assert f"{sys.executable} -m trainers evaluate" in result.output
     result = runner.invoke(hpo_app, ["model", NAME, "--trial", "2"])  # the service's name
     assert result.exit_code == 0, result.output
     assert load_model_file(out / f"{NAME}-trial2.pt")["origin"]["trial"] == 2
