@@ -36,7 +36,7 @@ from hpo.params import CategoricalParam
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 
 LINEAGE_ID, RUNGS_ID, COST_ID = "hpo-lineage", "hpo-rungs", "hpo-cost"
-RUNG_SCHEDULERS = ("asha", "hyperband", "median", "optuna-pruner")
+RUNG_SCHEDULERS = ("asha", "mo-asha", "hyperband", "median", "optuna-pruner")
 MAX_RUNGS = 20  # budgets shown for a scheduler without rungs (its evaluation steps, thinned)
 MAX_BRACKETS = 100  # brackets, and rungs per bracket, listed of a scheduler's rungs
 MAX_PANELS = 6  # hyperparameters in the lineage chart (the search space's first), 450 px high
@@ -174,8 +174,8 @@ def rung_budgets(spec: StudySpec, trials: Sequence[FrozenTrial]) -> list[float]:
     """The budgets (optimizer updates) at which the study's scheduler decides, ascending.
 
     ASHA: Ray's milestones ``grace_period * reduction_factor**(k + s)`` of each bracket
-    ``s``, and ``max_t``; Hyperband: each bracket's ``r0 = int(max_t * eta**-s)`` times
-    ``eta**k`` up to ``max_t`` (Ray's ``HyperBandScheduler``); Optuna's successive-halving
+    ``s``, and ``max_t`` (mo-asha: bracket 0's); Hyperband: each bracket's
+    ``r0 = int(max_t * eta**-s)`` times ``eta**k`` up to ``max_t`` (Ray's ``HyperBandScheduler``); Optuna's successive-halving
     pruner (a given ``min_resource``) and Hyperband pruner their rungs' completion steps.
     ``max_t`` not given: the most updates a trial planned or reached. Other schedulers
     (the median rule, Optuna's median, percentile, Wilcoxon, patient pruners) have no
@@ -197,8 +197,8 @@ def scheduler_rungs(spec: StudySpec, top: float) -> set[float]:
     empty for a scheduler without rungs. At most ``MAX_BRACKETS`` brackets and
     ``MAX_BRACKETS`` rungs per bracket are listed (a reduction factor near 1 has more)."""
     s, budgets = spec.scheduler, set()
-    if s.name == "asha" and top >= s.grace_period:
-        for b in range(min(s.brackets, MAX_BRACKETS)):
+    if s.name in ("asha", "mo-asha") and top >= s.grace_period:  # mo-asha: one bracket
+        for b in range(min(getattr(s, "brackets", 1), MAX_BRACKETS)):
             n = int(math.log(top / s.grace_period) / math.log(s.reduction_factor) - b + 1)
             budgets |= {s.grace_period * s.reduction_factor ** (k + b)
                         for k in range(min(n, MAX_BRACKETS))}

@@ -144,6 +144,8 @@ def test_rung_budgets_follow_the_scheduler():
     two = spec_of({"name": "asha", "max_t": 90, "grace_period": 10, "reduction_factor": 3,
                    "brackets": 2})
     assert rung_budgets(two, []) == [10, 30, 90]  # bracket 1: 30 and 90
+    mo = spec_of({"name": "mo-asha", "max_t": 90, "grace_period": 10, "reduction_factor": 3})
+    assert rung_budgets(mo, []) == [10, 30, 90]
     hyperband = spec_of({"name": "hyperband", "max_t": 27, "reduction_factor": 3})
     assert rung_budgets(hyperband, []) == [1, 3, 9, 27]
     halving = spec_of({"name": "optuna-pruner", "pruner": {
