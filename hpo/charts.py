@@ -175,8 +175,9 @@ def rung_budgets(spec: StudySpec, trials: Sequence[FrozenTrial]) -> list[float]:
 
     ASHA: Ray's milestones ``grace_period * reduction_factor**(k + s)`` of each bracket
     ``s``, and ``max_t`` (mo-asha: bracket 0's); Hyperband: each bracket's
-    ``r0 = int(max_t * eta**-s)`` times ``eta**k`` up to ``max_t`` (Ray's ``HyperBandScheduler``); Optuna's successive-halving
-    pruner (a given ``min_resource``) and Hyperband pruner their rungs' completion steps.
+    ``r0 = int(max_t * eta**-s)`` times ``eta**k`` up to ``max_t`` (Ray's
+    ``HyperBandScheduler``); Optuna's successive-halving pruner (a given ``min_resource``)
+    and Hyperband pruner their rungs' completion steps.
     ``max_t`` not given: the most updates a trial planned or reached. Other schedulers
     (the median rule, Optuna's median, percentile, Wilcoxon, patient pruners) have no
     rungs: their trials' evaluation steps. At most ``MAX_RUNGS`` budgets, evenly picked.
