@@ -36,11 +36,13 @@ def _spec(corpus: Path, cache: Path, parallelism: str):
     })
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+@pytest.mark.parametrize("parallelism", ["fsdp"])  # DDP trials run by the same code path
 def test_two_workers_per_trial_with_asha(sqlite_url, tmp_path, parallelism):
     # one trial after another: a trial ASHA stops (at a rung, or at max_t) leaves its
     # Ray Train run winding down; Tune must not hand its actor to the next trial, which
-    # then ended ERROR before it started and was recorded PRUNED (CI, stop 21)
+    # then ended ERROR before it started and was recorded PRUNED (CI, stop 21). The DDP
+    # variant (parallelism "ddp") passed too; it is left out of the suite for its time
+    # (about 100 s on 2 cores)
     corpus = tmp_path / "corpus.txt"
     stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
     corpus.write_text("".join(p.read_text() for p in stdlib[:3])[:60_000])
