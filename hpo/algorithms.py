@@ -158,25 +158,27 @@ class FifoSchedulerSpec(Strict):
     name: Literal["fifo"]
 
 
-class AshaSchedulerSpec(Strict):
+class _SuccessiveHalving(Strict):
+    """The rungs both ASHA schedulers share: ``grace_period * reduction_factor**k`` updates
+    below ``max_t``."""
+
+    max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT,
+                                    description="default: the trials' planned updates")
+    grace_period: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    reduction_factor: StrictFloat = Field(4, gt=1, le=MAX_COUNT)
+
+
+class AshaSchedulerSpec(_SuccessiveHalving):
     """Asynchronous successive halving (Li et al., 2020), Ray's ``AsyncHyperBandScheduler``."""
 
     name: Literal["asha"]
-    max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT,
-                                    description="default: the trials' planned updates")
-    grace_period: StrictInt = Field(1, ge=1, le=MAX_COUNT)
-    reduction_factor: StrictFloat = Field(4, gt=1, le=MAX_COUNT)
     brackets: StrictInt = Field(1, ge=1, le=MAX_COUNT)
 
 
-class MoAshaSchedulerSpec(Strict):
+class MoAshaSchedulerSpec(_SuccessiveHalving):
     """Multi-objective ASHA (Schmucker et al., 2021): ``hpo.tune.mo_asha``; several objectives."""
 
     name: Literal["mo-asha"]
-    max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT,
-                                    description="default: the trials' planned updates")
-    grace_period: StrictInt = Field(1, ge=1, le=MAX_COUNT)
-    reduction_factor: StrictFloat = Field(4, gt=1, le=MAX_COUNT)
 
 
 class HyperbandSchedulerSpec(Strict):

@@ -18,6 +18,7 @@ from hpo.spec import parse_spec
 from hpo.storage import nondomination_ranks, open_storage
 from hpo.tune.mo_asha import MoRungs, MultiObjectiveASHA, crowding_distance
 from hpo.tune.schedulers import RecordingScheduler, build_scheduler
+from tests.hpo.test_schedulers import _Record
 
 GO, STOP = TrialScheduler.CONTINUE, TrialScheduler.STOP
 
@@ -57,24 +58,6 @@ HAND = [  # (trial, updates, (a, b), decision)
     # max_t: every trial stops there (the record ends it COMPLETE)
     ("t2", 8, (0.0, 1.0), STOP),
 ]
-
-
-class _Record:
-    """What RecordingScheduler tells the study record: results and STOP decisions."""
-
-    def __init__(self) -> None:
-        self.results: list[tuple[str, int]] = []
-        self.stops: list[tuple[str, str]] = []
-
-    def knows(self, trial_id: str) -> bool:
-        return True
-
-    def result(self, trial_id: str, result: dict) -> None:
-        self.results.append((trial_id, result.get("step")))
-
-    def decided(self, trial_id: str, decision: str, by: str) -> None:
-        if decision == STOP:
-            self.stops.append((trial_id, by))
 
 
 def _scheduler(objectives, max_t: int = 8, grace_period: int = 1, reduction_factor: float = 2):

@@ -10,6 +10,8 @@ from hpo.tune.schedulers import RecordingScheduler
 
 
 class _Record:
+    """What RecordingScheduler tells the study record: results and STOP decisions."""
+
     def __init__(self) -> None:
         self.stops: list[tuple[str, str]] = []
         self.results: list[tuple[str, int]] = []
@@ -18,7 +20,7 @@ class _Record:
         return True
 
     def result(self, trial_id: str, result: dict) -> None:
-        self.results.append((trial_id, result["step"]))
+        self.results.append((trial_id, result.get("step")))
 
     def decided(self, trial_id: str, decision: str, by: str) -> None:
         if decision == TrialScheduler.STOP:
