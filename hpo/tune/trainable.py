@@ -177,8 +177,9 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
 def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
     """Run the trial as a DDP (or FSDP) job of ``setup.workers`` Ray Train workers."""
     import ray.train
-    from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
+
+    from hpo.ray_private import TorchTrainerWithoutCleaner
 
     trial_id = tune.get_context().get_trial_id()
     params, resume = _resume_point(params)
@@ -188,7 +189,7 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
         shared = fsdp_scratch(Path(setup.results_dir)) / trial_id / uuid.uuid4().hex[:8]
     per_worker = {"CPU": setup.cpus, **({"GPU": setup.gpus} if setup.gpus > 0 else {}),
                   **setup.custom}
-    trainer = TorchTrainer(
+    trainer = TorchTrainerWithoutCleaner(
         _train_worker,
         train_loop_config={"params": params, "setup": setup, "resume": resume,
                            "shared": shared},
