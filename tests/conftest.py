@@ -26,7 +26,7 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
                  log_to_driver=False)
     yield ray
     ray.shutdown()
