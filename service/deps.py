@@ -26,7 +26,13 @@ class Components:
     readiness: object  # service.health.Readiness
 
 
-def components(request: Request) -> Components:
+# The dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency
+# in its thread pool, a hand-over per dependency per request (about a tenth of the API's
+# CPU under bench/load.py). Those that query the database (the callers' tokens) stay
+# ``def`` and so run off the event loop.
+
+
+async def components(request: Request) -> Components:
     return request.app.state.components
 
 
@@ -79,11 +85,11 @@ class Auditor:
             audit.log.exception("audit row of %s %s not written", action, target)
 
 
-def auditor(request: Request, c: ComponentsDep, who: Writer) -> Auditor:
+async def auditor(request: Request, c: ComponentsDep, who: Writer) -> Auditor:
     return Auditor(c.sessions, who.name, request.client.host if request.client else None)
 
 
-def admin_auditor(request: Request, c: ComponentsDep, who: Admin) -> Auditor:
+async def admin_auditor(request: Request, c: ComponentsDep, who: Admin) -> Auditor:
     return Auditor(c.sessions, who.name, request.client.host if request.client else None)
 
 
@@ -91,7 +97,7 @@ AuditDep = Annotated[Auditor, Depends(auditor)]
 AdminAuditDep = Annotated[Auditor, Depends(admin_auditor)]
 
 
-def studies(c: ComponentsDep) -> StudyService:
+async def studies(c: ComponentsDep) -> StudyService:
     return c.studies
 
 

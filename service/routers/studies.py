@@ -28,9 +28,10 @@ Offset = Annotated[int, Query(ge=0, le=2**31 - 1, description="items to skip")]
 TrialNumber = Annotated[int, Path(ge=0, le=2**31 - 1, description="the trial's number")]
 
 
-def study_name(name: Annotated[str, Path(description="the study's name")]) -> str:
+async def study_name(name: Annotated[str, Path(description="the study's name")]) -> str:
     """The ``{name}`` of the address; one no study can have (a NUL byte, a slash, ...) answers
-    404 at once, never reaching the database (PostgreSQL refuses NUL in text)."""
+    404 at once, never reaching the database (PostgreSQL refuses NUL in text). ``async``:
+    no I/O, so no hand-over to the thread pool."""
     if not re.fullmatch(NAME_PATTERN, name):
         raise StudyNotFound(f"no study named {name!r}")
     return name

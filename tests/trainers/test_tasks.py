@@ -98,6 +98,50 @@ def test_installed_task_is_found_through_the_entry_point_group(tmp_path, monkeyp
     sys.modules.pop("mytasks", None)
 
 
+def _install(site, dist: str, entry: str) -> None:
+    info = site / f"{dist}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[hpo.trainers]\n{entry}\n")
+
+
+def test_entry_points_are_read_once_and_again_on_a_miss_or_a_removal(tmp_path, monkeypatch):
+    import shutil
+
+    from trainers import tasks
+
+    reads = []
+    real = tasks.importlib.metadata.entry_points
+    monkeypatch.setattr(tasks.importlib.metadata, "entry_points",
+                        lambda **kw: reads.append(kw) or real(**kw))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "cachedtasks.py").write_text(
+        "from tests.trainers.toy_tasks import RegressionTask\n"
+        "class A(RegressionTask):\n    name = 'cached-a'\n")
+    _install(tmp_path, "cached_a", "cached-a = cachedtasks:A")
+    assert tasks.task_target("digits") == "trainers.tasks.digits:DigitsTask" and reads == []
+    assert get_task("cached-a").__name__ == "A"  # a miss of the last reading: read again
+    n = len(reads)
+    assert get_task("cached-a").__name__ == "A" and len(reads) == n  # the reading kept
+    _install(tmp_path, "cached_b", "cached-b = cachedtasks:A")  # installed after the reading
+    assert tasks.task_target("cached-b") == "cachedtasks:A" and len(reads) == n + 1
+    # removed: its module and entry point gone, the reading still has it; the import
+    # fails, a fresh reading tells it is not installed any more
+    shutil.rmtree(tmp_path / "cached_b-1.0.dist-info")
+    _install(tmp_path, "cached_c", "cached-c = gonetasks:A")
+    tasks.task_target("cached-c")
+    shutil.rmtree(tmp_path / "cached_c-1.0.dist-info")
+    with pytest.raises(UnknownTaskError):
+        get_task("cached-c")
+    # an old reading is read again
+    monkeypatch.setattr(tasks, "ENTRY_POINTS_MAX_AGE_S", 0.0)
+    n = len(reads)
+    with pytest.raises(UnknownTaskError):
+        tasks.task_target("cached-b")
+    assert len(reads) > n
+    sys.modules.pop("cachedtasks", None)
+
+
 def test_config_validation_names_the_field():
     bad = [("lr", 0.0), ("micro_batch_size", 0), ("ema_decay", 1.0), ("min_lr_ratio", 2.0),
            ("device", "tpu"), ("max_grad_norm", -1.0), ("momentum", 1.0)]
