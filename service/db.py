@@ -23,7 +23,7 @@ import enum
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from hpo.storage import engine_kwargs, prepare_sqlite, sqlite_path
+from hpo.storage import engine_kwargs, ping_when_idle, prepare_sqlite, sqlite_path
 
 
 class Status(enum.StrEnum):
@@ -156,7 +156,9 @@ def build_engine(url: str) -> sa.Engine:
     kwargs = engine_kwargs(url)
     if path is None:
         kwargs.update(pool_size=10, max_overflow=20)
-    return sa.create_engine(url, **kwargs)
+    engine = sa.create_engine(url, **kwargs)
+    ping_when_idle(engine)
+    return engine
 
 
 def create_tables(engine: sa.Engine) -> None:
