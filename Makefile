@@ -31,8 +31,10 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
 
+# Everything, in 2 processes (pytest-xdist; each has its own local Ray when a test needs one):
+# the suite waits on Ray, servers and subprocesses about a third of the time on 2 cores.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 # The fast tier: lint and every test that needs neither Ray nor a server and is not marked
 # slow (markers in pyproject.toml, set from fixtures by tests/tiers.py), in 2 processes.
