@@ -71,12 +71,14 @@ def _sync_normal(engine: sqlalchemy.engine.Engine) -> None:
     engine.dispose()  # connections Optuna opened while creating its tables get it too
 
 
-def engine_kwargs(url: str) -> dict:
-    """SQLAlchemy engine options for ``url``: the busy timeout on SQLite. A server database's
-    pooled connections are checked by :func:`ping_when_idle` instead of ``pool_pre_ping``."""
+def engine_kwargs(url: str, pre_ping: bool = True) -> dict:
+    """SQLAlchemy engine options for ``url``: the busy timeout on SQLite; on a server database
+    ``pool_pre_ping`` unless ``pre_ping`` is false (then check connections with
+    :func:`ping_when_idle`). Statement parameters are left out of error messages and logs
+    (``hide_parameters``): they include token hashes and specs."""
     if make_url(url).get_backend_name() == "sqlite":
-        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
-    return {}
+        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}, "hide_parameters": True}
+    return {"pool_pre_ping": pre_ping, "hide_parameters": True}
 
 
 PING_AFTER_IDLE_S = 10.0
@@ -89,7 +91,10 @@ def ping_when_idle(engine: sqlalchemy.Engine, idle_s: float = PING_AFTER_IDLE_S)
     server per transaction, about 15 % of the API's request time under bench/load.py on
     PostgreSQL. A connection lost while in busy use (the server restarted within
     ``idle_s``) fails its next statement instead, and SQLAlchemy then drops every pooled
-    connection of that time (its disconnect handling), so that the next one is new.
+    connection of that time (its disconnect handling), so that the next one is new. For the
+    service's own engine (a request that fails so answers 503 once); Optuna's storage keeps
+    ``pool_pre_ping``, because a study driver's record write that failed once would fail a
+    trial or the study.
 
     Args:
         engine: a SQLAlchemy engine.
@@ -126,7 +131,6 @@ def open_storage(url: str = DEFAULT_STORAGE_URL) -> optuna.storages.RDBStorage:
         if path is not None:
             prepare_sqlite(path)
         storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
-        ping_when_idle(storage.engine)
         if path is not None:
             _sync_normal(storage.engine)
         return storage

@@ -153,7 +153,7 @@ def build_engine(url: str) -> sa.Engine:
     path = sqlite_path(url)
     if path is not None:
         prepare_sqlite(path)
-    kwargs = engine_kwargs(url)
+    kwargs = engine_kwargs(url, pre_ping=False)  # checked by ping_when_idle below
     if path is None:
         kwargs.update(pool_size=10, max_overflow=20)
     engine = sa.create_engine(url, **kwargs)

@@ -13,7 +13,8 @@ from hpo.storage import engine_kwargs, open_storage, ping_when_idle
 
 
 def _engine(url: str, idle_s: float, pings: list) -> sa.Engine:
-    engine = sa.create_engine(url, **engine_kwargs(url), pool_size=1, max_overflow=0)
+    engine = sa.create_engine(url, **engine_kwargs(url, pre_ping=False), pool_size=1,
+                              max_overflow=0)
     ping_when_idle(engine, idle_s)
     real = engine.dialect.do_ping
     engine.dialect.do_ping = lambda conn: pings.append(1) or real(conn)
@@ -56,6 +57,22 @@ def test_a_connection_lost_while_busy_fails_once_then_the_pool_is_new(pg_url):
         conn.execute(sa.text("SELECT 1"))
     assert _backend_pid(engine) != first  # SQLAlchemy invalidated the pool
     engine.dispose()
+
+
+def test_optunas_storage_keeps_pre_ping_a_driver_never_sees_a_lost_connection(pg_url):
+    # a study driver's record write that failed once would fail a trial or the study
+    storage = open_storage(pg_url)
+    storage.get_all_studies()
+    pooled = storage.engine.pool.checkedin()
+    assert pooled >= 1
+    conns = [storage.engine.connect() for _ in range(pooled)]  # every pooled one, busy
+    pids = [c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() for c in conns]
+    for c in conns:
+        c.close()
+    for pid in pids:
+        _kill(pg_url, pid)
+    storage.get_all_studies()  # at once, without an error
+    storage.engine.dispose()
 
 
 def test_sqlite_engines_are_left_alone(tmp_path):

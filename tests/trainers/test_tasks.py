@@ -133,6 +133,17 @@ def test_entry_points_are_read_once_and_again_on_a_miss_or_a_removal(tmp_path, m
     shutil.rmtree(tmp_path / "cached_c-1.0.dist-info")
     with pytest.raises(UnknownTaskError):
         get_task("cached-c")
+    # moved while installed: the cached target's module is gone, or has no such class
+    (tmp_path / "movedtasks.py").write_text(
+        "from tests.trainers.toy_tasks import RegressionTask\n"
+        "class B(RegressionTask):\n    name = 'cached-m'\n")
+    for gone in ("gonetasks:A", "cachedtasks:Gone"):
+        _install(tmp_path, "cached_m", f"cached-m = {gone}")
+        tasks.task_target("cached-m")
+        shutil.rmtree(tmp_path / "cached_m-1.0.dist-info")
+        _install(tmp_path, "cached_m", "cached-m = movedtasks:B")
+        assert get_task("cached-m").__name__ == "B", gone
+        shutil.rmtree(tmp_path / "cached_m-1.0.dist-info")
     # an old reading is read again
     monkeypatch.setattr(tasks, "ENTRY_POINTS_MAX_AGE_S", 0.0)
     n = len(reads)
@@ -140,6 +151,7 @@ def test_entry_points_are_read_once_and_again_on_a_miss_or_a_removal(tmp_path, m
         tasks.task_target("cached-b")
     assert len(reads) > n
     sys.modules.pop("cachedtasks", None)
+    sys.modules.pop("movedtasks", None)
 
 
 def test_config_validation_names_the_field():

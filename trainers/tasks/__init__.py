@@ -93,12 +93,23 @@ def get_task(name: str) -> type[Task]:
     """
     target = task_target(name)
     try:
+        return _load(name, target)
+    except (ImportError, AttributeError):
+        if name in _BUILTIN:
+            raise
+        # the target came from a cached reading of the entry points: the package may have
+        # been removed, or its entry point moved, since; read them again
+        fresh = _targets()
+        if name not in fresh:
+            raise UnknownTaskError(name, list(fresh)) from None
+        if fresh[name] == target:
+            raise
+        return _load(name, fresh[name])
+
+
+def _load(name: str, target: str) -> type[Task]:
+    try:
         return load_task(target)
-    except ImportError:
-        # read from a cached reading of the entry points: the package may be gone since
-        if name not in _BUILTIN and name not in _targets():
-            raise UnknownTaskError(name, list(_targets(fresh=False))) from None
-        raise
     except TypeError as e:
         raise TypeError(f"entry point {name!r} = {target!r} is not a trainers Task subclass"
                         ) from e
