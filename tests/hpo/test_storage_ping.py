@@ -81,3 +81,17 @@ def test_sqlite_engines_are_left_alone(tmp_path):
     assert len(storage.engine.pool.dispatch.checkout) == 0  # no listener: nothing to ping
     with storage.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+
+
+def test_statement_parameters_stay_out_of_error_messages(tmp_path, pg_url):
+    # they hold token hashes and specs; SQLAlchemy's errors (and so the logs) showed them
+    from service.db import build_engine
+
+    for url in (f"sqlite:///{tmp_path / 'b.db'}", pg_url):
+        for engine in (build_engine(url), open_storage(url).engine):
+            with pytest.raises(sa.exc.DBAPIError) as info, engine.connect() as conn:
+                conn.execute(sa.text("SELECT * FROM no_such_table WHERE x = :x"),
+                             {"x": "secret-hash-123"})
+            assert "secret-hash-123" not in str(info.value), url
+            assert "hidden due to hide_parameters" in str(info.value)
+            engine.dispose()
