@@ -23,13 +23,11 @@ task (:mod:`hpo.validation`); every problem becomes one entry of a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BeforeValidator,
     Discriminator,
@@ -56,6 +54,8 @@ from hpo.algorithms import (
 from hpo.errors import SpecError, printable
 from hpo.params import CategoricalParam, Choice, FloatParam, IntParam, Param
 from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS, key_errors, more_errors, text_errors
+from hpo.specpaths import field_path, walk
+from hpo.spectext import parse_text
 from hpo.suggest import did_you_mean
 
 __all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "CategoricalParam", "FloatParam",
@@ -297,78 +297,19 @@ class StudySpec(Strict):
 
 # -- error paths ---------------------------------------------------------------------------
 
-_WRAPPERS = {"model", "default", "nullable", "function-before", "function-after",
-             "function-wrap"}
-
-
-def _unwrap(node: dict, defs: dict[str, dict]) -> dict:
-    """The core schema under ``node``'s wrappers (defaults, validators, references)."""
-    while True:
-        if node["type"] == "definitions":
-            defs.update({d["ref"]: d for d in node["definitions"]})
-            node = node["schema"]
-        elif node["type"] == "definition-ref":
-            node = defs[node["schema_ref"]]
-        elif node["type"] in _WRAPPERS:
-            node = node["schema"]
-        else:
-            return node
-
-
-def _field_path(loc: tuple, data: Any) -> str:
-    """The user's dotted field path of a pydantic error ``loc`` (see :func:`_walk`)."""
-    out, _ = _walk(loc)
-    if out[:1] == ["objective"] and len(out) > 1 and isinstance(data.get("objective"), Mapping):
-        del out[1]  # the index of the list it was normalized to
-    return ".".join(map(str, out))
-
-
-def _walk(loc: tuple) -> tuple[list[str | int], list[str]]:
-    """Follow a pydantic error ``loc`` down the spec's core schema: the user's path, and the
-    fields of the model where its last part was looked up (``[]`` elsewhere). Where the
-    schema is a union, pydantic's loc holds one element that is not the user's (the
-    member's tag for a discriminated union, the member's name for a plain one of scalars)
-    and it is dropped."""
-    defs: dict[str, dict] = {}
-    node: dict | None = StudySpec.__pydantic_core_schema__
-    out: list[str | int] = []
-    fields: dict = {}
-    for part in loc:
-        node = _unwrap(node, defs) if node is not None else None
-        kind = node["type"] if node is not None else None
-        if kind == "tagged-union":
-            node = node["choices"].get(part)
-            continue
-        if kind == "union":  # scalars only (every union of models is discriminated)
-            node = None
-            continue
-        out.append(part)
-        fields = {}
-        if kind == "model-fields":
-            fields = {f.get("validation_alias") or name: f
-                      for name, f in node["fields"].items()}
-            node = fields[part]["schema"] if part in fields else None
-        elif kind == "list":
-            node = node["items_schema"]
-        elif kind == "dict":
-            node = node["values_schema"]
-        else:
-            node = None
-    return out, sorted(fields)
-
-
 def _error(err: dict, data: Any) -> dict[str, str]:
     """One pydantic error as ``{"loc", "msg"}``: an unknown field gets "did you mean", a
     name that breaks ``NAME_PATTERN`` the rule in words."""
     msg = _msg(err["msg"])
     if err["type"] == "extra_forbidden":
-        _, allowed = _walk(err["loc"])
+        _, allowed = walk(StudySpec.__pydantic_core_schema__, err["loc"])
         msg = f"not a field here{did_you_mean(str(err['loc'][-1]), allowed)}" + (
             f"; fields here: {', '.join(allowed)}" if allowed else "")
     elif err["type"] == "string_pattern_mismatch" and \
             err.get("ctx", {}).get("pattern") == NAME_PATTERN:
         msg = NAME_RULE
-    return {"loc": _field_path(err["loc"], data), "msg": msg}
+    return {"loc": field_path(StudySpec.__pydantic_core_schema__, err["loc"], data),
+            "msg": msg}
 
 
 def _msg(text: str) -> str:
@@ -463,52 +404,3 @@ def load_spec(path: str | Path, *, check_task: bool = True) -> StudySpec:
     except UnicodeDecodeError as e:
         raise SpecError.at("", f"{path} is not UTF-8 text: {e}") from None
     return parse_spec(parse_text(text, json_only=path.suffix == ".json"), check_task=check_task)
-
-
-def parse_text(text: str, *, json_only: bool = False) -> Any:
-    """Parse spec text: JSON, or YAML (a superset of JSON) unless ``json_only``.
-
-    Raises:
-        SpecError: the text is not valid JSON/YAML.
-    """
-    kind = "JSON" if json_only else "YAML"
-    try:
-        if json_only:
-            return json.loads(text, object_pairs_hook=_unique_keys)
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except RecursionError:
-        raise SpecError.at("", f"not valid {kind}: nested too deeply") from None
-    except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError, integers over 4300 digits
-        raise SpecError.at("", f"not valid {kind}: {e}") from None
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping key given twice (it keeps the last silently)
-    and aliases (``*name``: a few hundred bytes of nested aliases expand to gigabytes)."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.events.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(
-                None, None, f"aliases (*{event.anchor}) are not supported in a spec",
-                event.start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)

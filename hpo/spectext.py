@@ -1,0 +1,59 @@
+"""Spec text: JSON, or YAML without duplicate keys or aliases (``hpo.spec.parse_text``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from hpo.errors import SpecError
+
+
+def parse_text(text: str, *, json_only: bool = False) -> Any:
+    """Parse spec text: JSON, or YAML (a superset of JSON) unless ``json_only``.
+
+    Raises:
+        SpecError: the text is not valid JSON/YAML.
+    """
+    kind = "JSON" if json_only else "YAML"
+    try:
+        if json_only:
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except RecursionError:
+        raise SpecError.at("", f"not valid {kind}: nested too deeply") from None
+    except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError, integers over 4300 digits
+        raise SpecError.at("", f"not valid {kind}: {e}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping key given twice (it keeps the last silently)
+    and aliases (``*name``: a few hundred bytes of nested aliases expand to gigabytes)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not supported in a spec",
+                event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
