@@ -5,7 +5,8 @@ before anything is stored, so that a bad spec fails with the path of each
 offending field, never at the first trial. The checks that need the task's
 datasets (:func:`check_budgets`) run where the datasets are: in the driver, when
 the study starts; a failure there ends the study FAILED with the same kind of
-field-naming reason.
+field-naming reason. Whether the sampler and scheduler can serve the spec is
+:mod:`hpo.algochecks` (its names are exported here too).
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from typing import Any
 
 import trainers
 import trainers.fields
+from hpo.algochecks import (
+    MAX_GRID_SIZE,
+    MUTABLE_IN_TRAINING,
+    SINGLE_OBJECTIVE_SAMPLERS,
+    check_sampler_and_scheduler,
+)
 from hpo.algorithms import MAX_COUNT
 from hpo.errors import SpecError, public_message
 from hpo.params import CategoricalParam, FloatParam, IntParam
-from hpo.space import grid_size
 from hpo.spec import (
     MAX_ERRORS,
     POPULATION_SCHEDULERS,
@@ -31,16 +37,18 @@ from hpo.spec import (
 from hpo.suggest import did_you_mean
 from trainers.contract import creation_violations
 
+__all__ = ["INT_OPTION_LIMITS", "MANAGED_FIELDS", "MAX_GRID_SIZE", "MUTABLE_IN_TRAINING",
+           "SINGLE_OBJECTIVE_SAMPLERS", "check_against_task", "check_budgets", "check_paths",
+           "in_distribution", "out_of_range"]
+
 # Set per trial by the service; a spec may not fix or search them.
 MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
                   "checkpoint_fsync": "set per trial by the service",
                   "device": "follows resources.gpus",
                   "parallelism": "set by resources.parallelism"}
-SINGLE_OBJECTIVE_SAMPLERS = {"cmaes", "gp"}
 # int options bounded otherwise than by MAX_COUNT: TrainConfig's seed range, and the
 # DataLoader processes each trial starts
 INT_OPTION_LIMITS = {"seed": 2**32 - 1, "num_workers": 256}
-MAX_GRID_SIZE = 1_000_000  # points of the grid sampler's full grid (it builds them all)
 
 
 def check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpec:
@@ -72,7 +80,7 @@ def check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpe
         errors += _check_search_space(spec, task_cls, fields)
     objectives, objective_errors = _check_objectives(spec, task_cls)
     errors += objective_errors
-    errors += _check_sampler_and_scheduler(spec, task_cls)
+    errors += check_sampler_and_scheduler(spec, task_cls)
     errors += _check_warm_start(spec)
     errors += _check_constraints(spec, task_cls)
     if errors:
@@ -192,10 +200,6 @@ def out_of_range(info: trainers.FieldInfo, value: Any) -> str | None:
     return None
 
 
-def _count(n: int) -> str:
-    return f"{n:,}" if n < 10**18 else "more than 10**18"
-
-
 def _number(value: int | float) -> str:
     digits = len(str(abs(value))) if isinstance(value, int) else 0
     return f"an integer of {digits} digits" if digits > 20 else repr(value)
@@ -312,64 +316,6 @@ def _check_constraints(spec: StudySpec, task_cls) -> list[dict]:
     return errors
 
 
-def _check_sampler_and_scheduler(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict]:
-    errors = []
-    sampler, scheduler = spec.sampler.name, spec.scheduler.name
-    if spec.is_multi_objective:
-        if sampler in SINGLE_OBJECTIVE_SAMPLERS:
-            errors.append({"loc": "sampler.name",
-                           "msg": f"{sampler} optimizes one objective; use tpe, nsga2, random "
-                                  "or grid for several"})
-        if scheduler not in ("fifo", "mo-asha"):
-            errors.append({"loc": "scheduler.name",
-                           "msg": f"{scheduler} stops trials by one objective; use mo-asha "
-                                  "or fifo for several"})
-        if spec.objective_reduce != "last":
-            errors.append({"loc": "objective_reduce", "msg": "must be last with several "
-                                                             "objectives"})
-    elif scheduler == "mo-asha":
-        errors.append({"loc": "scheduler.name",
-                       "msg": "mo-asha ranks several objectives; use asha for one"})
-    if sampler == "grid":
-        for name, param in spec.search_space.items():
-            if isinstance(param, FloatParam) and param.step is None:
-                errors.append({"loc": f"search_space.{name}.step",
-                               "msg": "the grid sampler needs a step (or use categorical)"})
-        if not spec.search_space:
-            errors.append({"loc": "search_space", "msg": "the grid sampler needs parameters"})
-        size = grid_size(spec)
-        if size is not None and size > MAX_GRID_SIZE:  # Optuna's GridSampler lists them all
-            errors.append({"loc": "search_space",
-                           "msg": f"the grid has {_count(size)} points, more than the grid "
-                                  f"sampler's {MAX_GRID_SIZE:,}: use larger steps or another "
-                                  "sampler"})
-    if scheduler in POPULATION_SCHEDULERS and not spec.search_space:
-        errors.append({"loc": "search_space", "msg": "PBT needs parameters to mutate"})
-    if scheduler in POPULATION_SCHEDULERS:
-        errors += _check_mutable_in_training(spec, task_cls)
-        if spec.search_space and all(isinstance(p, CategoricalParam) and len(p.choices) == 1
-                                     for p in spec.search_space.values()):
-            # numeric parameters always hold two values or more (high > low, steps divide)
-            errors.append({"loc": "search_space",
-                           "msg": f"{scheduler} needs a parameter with two values or more to "
-                                  "mutate; every parameter here has one"})
-    if spec.budget.stop_when is not None:
-        if spec.is_multi_objective:
-            errors.append({"loc": "budget.stop_when",
-                           "msg": "study-level stopping needs one objective"})
-        if scheduler in POPULATION_SCHEDULERS:
-            errors.append({"loc": "budget.stop_when",
-                           "msg": f"{scheduler} trains its population together and starts "
-                                  "no trial later that a rule could hold back; use "
-                                  "budget.timeout_s"})
-    if scheduler == "pb2":
-        for name, param in spec.search_space.items():
-            if isinstance(param, CategoricalParam):
-                errors.append({"loc": f"search_space.{name}.type",
-                               "msg": "PB2 explores numeric parameters only; use pbt"})
-    return errors
-
-
 def in_distribution(param, value: Any) -> bool:
     """Whether ``value`` is a point of the search-space parameter ``param``."""
     if isinstance(param, CategoricalParam):
@@ -427,27 +373,6 @@ def _check_warm_start(spec: StudySpec) -> list[dict]:
                 errors.append({"loc": loc, "msg": "not a parameter of the search space"})
             elif not _in_space(spec.search_space[name], value, choices, name):
                 errors.append({"loc": loc, "msg": f"{value!r} is outside the search space"})
-    return errors
-
-
-# TrainConfig fields a running trial can change from one checkpoint to the next (PBT's
-# exploit resumes the donor's checkpoint with new values); the optimizer type, EMA on/off
-# and model shapes cannot change that way.
-MUTABLE_IN_TRAINING = {"lr", "weight_decay", "momentum", "adam_beta1", "adam_beta2",
-                       "max_grad_norm", "min_lr_ratio", "warmup_steps", "micro_batch_size",
-                       "grad_accum_steps", "ema_decay", "eval_with_ema", "precision"}
-
-
-def _check_mutable_in_training(spec: StudySpec, task_cls: type[trainers.Task]) -> list[dict]:
-    allowed = MUTABLE_IN_TRAINING | set(task_cls.mutable_options)
-    errors = []
-    for name, param in spec.search_space.items():
-        ema_on_off = isinstance(param, CategoricalParam) and None in param.choices
-        if name not in allowed or ema_on_off:  # EMA state cannot appear or vanish on resume
-            errors.append({"loc": f"search_space.{name}",
-                           "msg": f"PBT changes hyperparameters while a trial trains; {name} "
-                                  f"cannot change mid-training (it may: "
-                                  f"{', '.join(sorted(allowed))})"})
     return errors
 
 
