@@ -15,6 +15,9 @@ Ray itself. What it guarantees, each point answering a trap of ray's
   (each objective's last reported value: Optuna keeps intermediate values of one);
 * a trial that raised ends FAIL with the error text; a NaN or infinite
   objective ends FAIL with the reason, never stuck in RUNNING (optuna#3132);
+* a result's writes (its intermediate value, its checkpoint's location) are done in
+  order by a thread of their own (``hpo.recordwriter``), off Tune's event loop; every
+  other write and read of the record waits for them first (``flush``);
 * a COMPLETE trial's value is the objective's last reported value, or its best
   (``objective_reduce: best``);
 * attributes: Ray trial id, node, checkpoint location, wall time,
@@ -36,12 +39,14 @@ import optuna
 from optuna.trial import TrialState
 
 from hpo.models import ModelKeeper
+from hpo.recordwriter import RecordWriter
 from hpo.space import distributions
 from hpo.spec import StudySpec
 from hpo.storage import set_trial_user_attrs, trial_id_of
 from hpo.study import SPEC_ATTR as SPEC_ATTR  # re-exported: hpo.warmstart reads it here
 from hpo.study import create_study as create_study  # re-exported for the service
 from hpo.study import open_study
+from hpo.trialvalues import final_values, last_values, set_constraints
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +142,29 @@ class StudyRecord:
             self.study.set_user_attr("device_kind", "gpu" if r.gpus > 0 else "cpu")
         self.trials: dict[str, TrialProgress] = {}
         self.best: tuple[int, float] | None = None
+        self._writer: RecordWriter | None = None
 
     def __getstate__(self) -> dict:
         # Tune pickles its scheduler and callbacks (for Tuner.restore), and with them this
         # record; a live listener (a database session, a display) is not state.
-        return {**self.__dict__, "listener": None}
+        return {**self.__dict__, "listener": None, "_writer": None}
+
+    @property
+    def writes(self) -> RecordWriter:
+        """The writer of results (made on first use, also in an unpickled copy)."""
+        if self._writer is None:
+            self._writer = RecordWriter(self.storage)
+        return self._writer
+
+    def flush(self) -> None:
+        """Wait for the queued result writes; raises the first one that failed."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flush the result writes and end their thread (a later write starts a new one)."""
+        if self._writer is not None:
+            self._writer.close()
 
     # -- trials come and go ------------------------------------------------------------
 
@@ -151,6 +174,7 @@ class StudyRecord:
         With ``params`` (PBT's own sampling, warm-start points) those values are
         used; otherwise the study's sampler suggests them.
         """
+        self.flush()
         if params is not None:
             self.study.enqueue_trial(dict(params))
         trial = self.study.ask(self.distributions)
@@ -164,6 +188,7 @@ class StudyRecord:
 
         Call before this driver asks for any trial: one driver runs a study at a time.
         """
+        self.flush()
         found = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id,
@@ -175,6 +200,7 @@ class StudyRecord:
 
     def adopt(self, ray_trial_id: str, orphan: Orphan) -> None:
         """Continue an orphan's Optuna trial with a new Ray trial (resumed from its checkpoint)."""
+        self.flush()
         self.trials[ray_trial_id] = TrialProgress(orphan.number, orphan.trial_id,
                                                   values=list(orphan.values),
                                                   checkpoint=orphan.checkpoint)
@@ -187,6 +213,7 @@ class StudyRecord:
 
         A requeued trial does not count against the budget (``Counts.finished``).
         """
+        self.flush()
         set_trial_user_attrs(self.storage, orphan.trial_id,
                              {"fail_reason": reason, "requeued": True})
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
@@ -199,6 +226,7 @@ class StudyRecord:
 
     def abandon(self, orphan: Orphan, reason: str) -> None:
         """End an orphan FAIL with ``reason``, without running it again (PBT populations)."""
+        self.flush()
         self.storage.set_trial_user_attr(orphan.trial_id, "fail_reason", reason)
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
         self._changed(orphan.trial_id)
@@ -217,6 +245,7 @@ class StudyRecord:
         donor = self.trials.get(donor_ray_trial_id)
         entry = {"donor_trial": donor.number if donor else None, "step": step, "old": old,
                  "new": new}
+        self.flush()
         exploits = self.storage.get_trial(t.trial_id).user_attrs.get("exploits", [])
         self.storage.set_trial_user_attr(t.trial_id, "exploits", [*exploits, entry])
         self.storage.set_trial_user_attr(t.trial_id, "params_now", new)
@@ -225,7 +254,8 @@ class StudyRecord:
         """Remember a trial's newest persisted checkpoint (what a new driver resumes from)."""
         t = self.trials.get(ray_trial_id)
         if t is not None and not t.told and location != t.checkpoint:
-            self.storage.set_trial_user_attr(t.trial_id, "checkpoint", location)
+            # queued after the values reported up to it: never ahead of the stored curve
+            self.writes.user_attr(t.trial_id, "checkpoint", location)
             t.checkpoint = location
 
     def restarted(self, ray_trial_id: str) -> None:
@@ -245,6 +275,7 @@ class StudyRecord:
             log.exception("the record's listener failed on trial id %s", trial_id)
 
     def _bump(self, trial_id: int, key: str) -> None:
+        self.flush()
         count = self.storage.get_trial(trial_id).user_attrs.get(key, 0)
         self.storage.set_trial_user_attr(trial_id, key, count + 1)
 
@@ -269,9 +300,11 @@ class StudyRecord:
     def result(self, ray_trial_id: str, result: Mapping[str, Any]) -> None:
         """Record one reported result: an intermediate value at step = optimizer updates.
 
-        Called once per result (``hpo.tune.schedulers.RecordingScheduler``). A value
-        already stored at that step is not written again (a resumed trial reports
-        its last evaluation once more).
+        Called once per result (``hpo.tune.schedulers.RecordingScheduler``); written
+        by the record's writer thread. A value already stored at that step is not
+        written again: a resumed trial reports its last evaluation once more, and one
+        resumed from an older checkpoint than its last report (``checkpoint_interval_s``)
+        reports the steps after that checkpoint again; its curve then goes on from there.
         """
         t = self.trials[ray_trial_id]
         if t.told:  # a late result of a trial that has ended (ray#19274)
@@ -281,12 +314,13 @@ class StudyRecord:
             return
         value = float(result[self.spec.objectives[0].metric])
         step = int(result["step"])
-        if not t.values or t.values[-1] != (step, value) or math.isnan(value):
-            self.storage.set_trial_intermediate_value(t.trial_id, step, value)
-        if not t.values or t.values[-1][0] != step:
-            t.values.append((step, value))
-        else:
-            t.values[-1] = (step, value)
+        before = None
+        if t.values and step <= t.values[-1][0]:  # a resumed trial: this step again
+            before = next((v for s, v in t.values if s == step), None)
+            t.values = [(s, v) for s, v in t.values if s < step]
+        if before is None or before != value:  # NaN != NaN: written
+            self.writes.intermediate_value(t.trial_id, step, value)
+        t.values.append((step, value))
 
     def decided(self, ray_trial_id: str, decision: str, by: str) -> None:
         """A scheduler's decision on the trial's last result (Ray's ``CONTINUE``, ``PAUSE``,
@@ -305,6 +339,7 @@ class StudyRecord:
 
     def frozen(self, ray_trial_id: str) -> optuna.trial.FrozenTrial:
         """The trial as stored (for Optuna pruners)."""
+        self.flush()
         return self.storage.get_trial(self.trials[ray_trial_id].trial_id)
 
     # -- the end of a trial ------------------------------------------------------------
@@ -322,6 +357,7 @@ class StudyRecord:
         ``stopped``: the whole experiment was stopped under it. A NaN or infinite
         objective ends it FAIL instead.
         """
+        self.flush()
         t = self.trials[ray_trial_id]
         if t.told:
             return self.storage.get_trial(t.trial_id).state
@@ -338,9 +374,9 @@ class StudyRecord:
             self._finish(t, TrialState.PRUNED, None, {
                 "stopped_by": t.stopped_by or default_stopper,
                 "budget_updates": last.get("step"), "planned_updates": planned,
-                "last_values": self._last_values(last)})
+                "last_values": last_values(self.spec, last)})
             return TrialState.PRUNED
-        values = self._final_values(t)
+        values = final_values(self.spec, t.last, t.values)
         if values is None:
             return self.fail(ray_trial_id, "no result reported")
         bad = [v for v in values if not math.isfinite(v)]
@@ -354,6 +390,7 @@ class StudyRecord:
 
     def fail(self, ray_trial_id: str, reason: str) -> TrialState:
         """End a trial FAIL, keeping the reason (error text) in ``fail_reason``."""
+        self.flush()
         t = self.trials[ray_trial_id]
         if t.told:
             return self.storage.get_trial(t.trial_id).state
@@ -363,31 +400,6 @@ class StudyRecord:
     def open_trials(self) -> list[str]:
         """Ray trial ids of this run whose Optuna trial has not ended yet."""
         return [ray_id for ray_id, t in self.trials.items() if not t.told]
-
-    def _last_values(self, last: Mapping[str, Any]) -> dict[str, float | None] | None:
-        """A multi-objective trial's last reported value of every objective, None where
-        missing or not finite (Optuna keeps intermediate values of one objective only);
-        None for one objective (its intermediate values hold it) or without a report."""
-        if not self.spec.is_multi_objective or not last:
-            return None
-        values = {}
-        for o in self.spec.objectives:
-            try:
-                v = float(last[o.metric])
-            except (KeyError, TypeError, ValueError):
-                v = math.nan
-            values[o.metric] = v if math.isfinite(v) else None
-        return values
-
-    def _final_values(self, t: TrialProgress) -> list[float] | None:
-        metrics = [o.metric for o in self.spec.objectives]
-        if not t.last or any(m not in t.last for m in metrics):
-            return None
-        if self.spec.objective_reduce == "best" and t.values:
-            pick = max if self.spec.objectives[0].direction == "maximize" else min
-            finite = [v for _, v in t.values if math.isfinite(v)]
-            return [pick(finite)] if finite else [t.values[-1][1]]
-        return [float(t.last[m]) for m in metrics]
 
     def _finish(self, t: TrialProgress, state: TrialState, values: list[float] | None,
                 extra: dict[str, Any]) -> None:
@@ -406,7 +418,7 @@ class StudyRecord:
         }
         feasible = None
         if self.spec.constraints and state in (TrialState.COMPLETE, TrialState.PRUNED):
-            feasible = self._set_constraints(t)
+            feasible = set_constraints(self.study, self.spec, t.trial_id, t.last)
             attrs["feasible"] = feasible
         set_trial_user_attrs(self.storage, t.trial_id,
                              {k: v for k, v in attrs.items() if v is not None})
@@ -428,29 +440,11 @@ class StudyRecord:
             if self.best is None or (value > self.best[1] if maximize else value < self.best[1]):
                 self.best = (t.number, value)
 
-    def _set_constraints(self, t: TrialProgress) -> bool:
-        """Record the spec's constraints of a trial from its last report as Optuna
-        constraints (``Trial.set_constraint``: TPE and NSGA-II read them, ``best_trial``
-        skips infeasible trials); a metric it never reported counts as violated
-        (``inf``). Returns whether every bound holds."""
-        trial = optuna.Trial(self.study, t.trial_id)
-        feasible = True
-        for c in self.spec.constraints:
-            value = t.last.get(c.metric)
-            try:
-                violation = c.violation(float(value))
-            except (TypeError, ValueError, OverflowError):  # not a number, or beyond float
-                violation = math.inf
-            if math.isnan(violation):
-                violation = math.inf
-            trial.set_constraint(c.key, violation)
-            feasible = feasible and violation <= 0
-        return feasible
-
     # -- the study as a whole ----------------------------------------------------------
 
     def counts(self) -> Counts:
         """Trials of the study by state, from the storage."""
+        self.flush()
         trials = self.study.get_trials(deepcopy=False)
         states = [t.state for t in trials]
         requeued = sum(1 for t in trials if t.user_attrs.get("requeued"))

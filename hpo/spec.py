@@ -239,6 +239,11 @@ class StudySpec(Strict):
     # the final models of the best k COMPLETE trials are kept as Optuna artifacts
     # (hpo.models); 0 keeps none
     keep_models: StrictInt = Field(3, ge=0, le=1000)
+    # a single-worker trial's report carries a checkpoint once its training went this many
+    # seconds past its last one (besides those its last report, the scheduler's max_t and
+    # pausing or exploiting schedulers need: hpo.tune.trainable.CheckpointPolicy); 0: every
+    # report. A crash loses at most this much training plus one evaluation.
+    checkpoint_interval_s: StrictFloat = Field(0.5, ge=0, le=86_400, allow_inf_nan=False)
     # feasibility of a trial (hpo.record): every bound holds at its last report
     constraints: list[Constraint] = Field(default_factory=list, max_length=32)
     _one_objective: bool = PrivateAttr(False)  # given as a mapping, not as a list

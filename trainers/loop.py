@@ -171,6 +171,10 @@ class _Loop:
         self.started = time.perf_counter()
         self.last_eval = restored.last_eval
         self.rng_snapshot: list[Any] | None = None
+        # a reporter that decides itself which reports carry a checkpoint
+        # (``checkpoints_on_request``) gets one only through ``save_checkpoint``
+        self.eager_checkpoints = run.checkpoint_root is not None and not getattr(
+            reporter, "checkpoints_on_request", False)
         if run.dist.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(run.dist.device)
 
@@ -265,7 +269,8 @@ class _Loop:
         c, step = self.run.config, self.state.step
         if c.eval_interval is not None and step % c.eval_interval == 0:
             self._evaluate_and_report()
-        elif c.checkpoint_interval is not None and step % c.checkpoint_interval == 0:
+        elif self.eager_checkpoints and c.checkpoint_interval is not None \
+                and step % c.checkpoint_interval == 0:
             self._snapshot_rng()
             self._save(self._meta())
 
@@ -343,7 +348,7 @@ class _Loop:
         meta = self._meta(metrics)
         saved: Path | None = None
         wrote = False  # under FSDP only rank 0 gets the path, but every rank wrote
-        if run.checkpoint_root is not None and (c.checkpoint_interval is None or is_best or (
+        if self.eager_checkpoints and (c.checkpoint_interval is None or is_best or (
                 c.checkpoint_interval is not None and state.step % c.checkpoint_interval == 0)):
             saved, wrote = self._save(meta), True
             if is_best and run.dist.is_main:

@@ -52,6 +52,10 @@ class Reporter(Protocol):
     # Optional, not part of the protocol's check: ``stopping(reason: str) -> None`` is
     # called just before the run's last report with why the run stops (``max_updates``,
     # ``max_epochs`` or ``early_stopping``); hpo's reporters pass it on to the record.
+    # Optional attribute ``checkpoints_on_request = True``: the loop then writes no
+    # checkpoint by itself (neither at evaluations nor at ``checkpoint_interval``), only
+    # when the reporter calls ``save_checkpoint`` (hpo's Tune reporter decides which
+    # reports carry one).
 
 
 class NullReporter:

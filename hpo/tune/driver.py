@@ -149,11 +149,24 @@ def build_trainable(spec: StudySpec, results_dir: Path):
     setup = TrialSetup(task=spec.task, config={**spec.config, "parallelism": r.parallelism},
                        cpus=r.cpus, gpus=r.gpus,
                        workers=r.workers, results_dir=str(results_dir.resolve()),
-                       custom=dict(r.custom), target=code.target)
+                       custom=dict(r.custom), target=code.target,
+                       **checkpoint_policy(spec))
     trainable = tune.with_parameters(train_trial, setup=setup)
     if r.workers > 1:  # the Train workers get their own placement group; the trial itself
         return tune.with_resources(trainable, {"cpu": 0.01})  # must not hold their CPUs
     return tune.with_resources(trainable, {"cpu": r.cpus, "gpu": r.gpus, **r.custom})
+
+
+def checkpoint_policy(spec: StudySpec) -> dict[str, Any]:
+    """``TrialSetup``'s checkpoint fields for ``spec`` (see ``CheckpointPolicy``): every
+    report carries one under schedulers that pause or exploit trials (Hyperband, median
+    stopping without ``hard_stop``, PBT, PB2), else one per ``checkpoint_interval_s`` of
+    training, and every report from the scheduler's ``max_t`` on."""
+    s = spec.scheduler
+    resumes_trials = s.name in ("hyperband", *POPULATION_SCHEDULERS) or (
+        s.name == "median" and not s.hard_stop)
+    return {"checkpoint_interval_s": 0.0 if resumes_trials else spec.checkpoint_interval_s,
+            "checkpoint_from_step": getattr(s, "max_t", None)}
 
 
 class StopWhen(tune.Stopper):
@@ -337,13 +350,16 @@ def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Pa
     try:
         build_tuner(spec, record, plan, results_dir, notify, stopper, keeper, stop_rule).fit()
     finally:
-        if not stopper.interrupted:  # an interrupted driver leaves its trials to the next one
-            timed_out = spec.budget.timeout_s is not None and (
-                time.monotonic() - started >= spec.budget.timeout_s)
-            label = "user" if stopper.stopped else "timeout" if timed_out else \
-                spec.scheduler.name
-            end_open_trials(record, label)
-        remove_pins(pins_dir(spec, results_dir))
+        try:
+            if not stopper.interrupted:  # an interrupted driver leaves its trials to the next
+                timed_out = spec.budget.timeout_s is not None and (
+                    time.monotonic() - started >= spec.budget.timeout_s)
+                label = "user" if stopper.stopped else "timeout" if timed_out else \
+                    spec.scheduler.name
+                end_open_trials(record, label)
+        finally:
+            remove_pins(pins_dir(spec, results_dir))
+            record.close()  # the queued result writes, also those an interrupted driver leaves
 
 
 def _stored(storage, name: str) -> bool:

@@ -11,6 +11,18 @@ checkpoint (``trainers.dcp``) into one directory of the trial under the
 study's results directory (storage every node reaches); rank 0 reports it,
 and a retry or an adopting driver resumes from it as from a DDP checkpoint.
 
+Which reports carry a checkpoint (``CheckpointPolicy``): a checkpoint costs a write,
+Tune's copy to the results directory and the driver's bookkeeping, which on evaluations
+a few tens of milliseconds apart is a large share of the trial's time. A single-worker
+trial attaches one only where something can use it: to its last report (the kept model),
+to reports at or past the scheduler's ``max_t`` (ASHA and Hyperband end the trial there),
+to every report under a scheduler that pauses or exploits trials (Hyperband, median
+stopping without ``hard_stop``, PBT, PB2: they resume from the newest one), and otherwise
+once its training went ``checkpoint_interval_s`` (the spec's) past its last checkpoint,
+for a retry or a new driver: a crash loses at most that much training plus one
+evaluation, and the trial's curve goes on from the checkpoint, the steps after it
+reported again with the same values. Multi-worker trials attach one to every report.
+
 A trial that ends by itself (trained to its end, or stopped by its own early
 stopping) says so: the trainer's last report carries its ``stop_reason``
 (``trainers.loop``), which reaches the record with that result; a scheduler's
@@ -22,7 +34,9 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +64,8 @@ class TrialSetup:
     results_dir: str
     custom: dict[str, float] = dataclasses.field(default_factory=dict)
     target: str | None = None
+    checkpoint_interval_s: float = 0.0  # see CheckpointPolicy; 0: every report
+    checkpoint_from_step: int | None = None  # the scheduler's max_t, if below the plan
 
     @property
     def device(self) -> str:
@@ -60,27 +76,72 @@ class TrialSetup:
         return max(1, int(self.cpus))
 
 
+@dataclasses.dataclass
+class CheckpointPolicy:
+    """Whether a single-worker trial's report carries a checkpoint of its step.
+
+    Args:
+        interval_s: seconds of the trial's training (wall time in this process,
+            evaluations included) after which the next report carries one; 0: every
+            report. Valid range 0 to 86400.
+        from_step: from this step (optimizer updates) on, every report carries one
+            (the scheduler's ``max_t``, where ASHA and Hyperband end a trial that then
+            counts as COMPLETE and keeps its model); None: no such step.
+        clock: seconds, monotonic (tests pass their own).
+
+    The last report of a run (the trainer's ``stopping`` hook was called) always
+    carries one. The interval counts from the policy's creation (the trial's start
+    in this process) and from each checkpoint taken.
+    """
+
+    interval_s: float
+    from_step: int | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def wants(self, step: int, last: bool) -> bool:
+        """Whether the report of ``step`` carries a checkpoint; ``last``: the run's last."""
+        return (last or self.interval_s <= 0
+                or (self.from_step is not None and step >= self.from_step)
+                or self.clock() - self.since >= self.interval_s)
+
+    def taken(self) -> None:
+        """A checkpoint was just written: the interval counts from now."""
+        self.since = self.clock()
+
+
 class TuneReporter:
-    """Forwards every evaluation to ``tune.report`` with a checkpoint of that very step.
+    """Forwards every evaluation to ``tune.report``, with a checkpoint of that very step
+    where ``policy`` wants one (the loop then writes none of its own:
+    ``checkpoints_on_request``).
 
     Each result also names the Ray node it ran on (``node_id``): several nodes
     of a cluster may share one IP address.
     """
 
-    def __init__(self) -> None:
+    checkpoints_on_request = True  # trainers.loop: write a checkpoint only when asked
+
+    def __init__(self, policy: CheckpointPolicy | None = None) -> None:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
         self.stop_reason: str | None = None
+        self.policy = policy or CheckpointPolicy(0.0)
 
     def stopping(self, reason: str) -> None:
         """The trainer's hook: the next report is the last; it carries ``stop_reason``."""
         self.stop_reason = reason
 
     def report(self, metrics, save_checkpoint):
-        path = save_checkpoint()
+        path = None
+        if self.policy.wants(int(metrics.get("step", 0)), self.stop_reason is not None):
+            path = save_checkpoint()
         checkpoint = tune.Checkpoint.from_directory(str(path)) if path is not None else None
         tune.report({**metrics, "node_id": self.node_id, **_stop(self)}, checkpoint=checkpoint)
+        if path is not None:  # written and persisted by Tune: the interval starts again
+            self.policy.taken()
         return trainers.Decision.CONTINUE
 
 
@@ -121,7 +182,8 @@ def train_trial(params: dict[str, Any], setup: TrialSetup) -> None:
         params, checkpoint = _resume_point(params)
         task, config = _build(setup, params, workdir)
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
-        trainers.fit(task, config, TuneReporter(), resume_from=resume)
+        policy = CheckpointPolicy(setup.checkpoint_interval_s, setup.checkpoint_from_step)
+        trainers.fit(task, config, TuneReporter(policy), resume_from=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

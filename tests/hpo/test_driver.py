@@ -7,7 +7,9 @@ import pytest
 from optuna.trial import TrialState
 
 from hpo.errors import SpecError
+from hpo.models import model_meta
 from hpo.spec import parse_spec
+from hpo.storage import open_storage
 from hpo.tune.driver import run_study
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -211,3 +213,23 @@ def test_user_stop_ends_running_trials_as_pruned_by_user(sqlite_url, tmp_path):
     assert out.counts.running == 0 and out.counts.finished < 4
     by_user = [t for t in trials if t.user_attrs.get("stopped_by") == "user"]
     assert by_user and all(t.state == TrialState.PRUNED for t in by_user)
+
+
+def test_asha_trials_keep_checkpoints_only_where_they_can_be_used(sqlite_url, tmp_path):
+    # issue 18.5: a trial ASHA stops at a rung is never resumed, so it wrote none; one
+    # that reached max_t (COMPLETE, its model kept) has the checkpoint of its last report
+    spec = toy_spec("asha-checkpoints", scheduler={"name": "asha", "grace_period": 3,
+                                                   "reduction_factor": 2, "max_t": 9},
+                    budget={"max_concurrent_trials": 1}, checkpoint_interval_s=3600.0)
+    out, trials = run(spec, sqlite_url, tmp_path)
+    assert out.counts.finished == 6 and out.counts.failed == 0
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert pruned and complete
+    assert not [t.number for t in pruned if "checkpoint" in t.user_attrs]
+    for t in complete:
+        assert max(t.intermediate_values) == 9 and t.user_attrs["checkpoint"]
+        assert "reached the scheduler's max_t" in t.user_attrs["stop_reason"]
+    storage = open_storage(sqlite_url)  # the best keep_models (3) keep their models
+    kept = [t for t in complete if model_meta(storage, t, spec.name) is not None]
+    assert len(kept) == min(3, len(complete))

@@ -226,3 +226,26 @@ def test_a_ddp_trial_left_running_by_a_killed_driver_resumes_from_its_checkpoint
     # quality + 1 / (k + 1); all four evaluations in one process would give 1 / 5)
     assert any(trial.value == pytest.approx(trial.params["quality"] + 1 / (k + 1), abs=1e-9)
                for k in (1, 2, 3)), (trial.value, trial.params)
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize(("interval_s", "evaluations_after_retry"), [(0.0, 2), (3600.0, 4)],
+                         ids=["checkpoint-every-report", "no-checkpoint-yet"])
+def test_a_retried_trial_resumes_from_the_newest_checkpoint_its_policy_wrote(
+        sqlite_url, tmp_path, interval_s, evaluations_after_retry):
+    # issue 18.5: reports carry a checkpoint once per checkpoint_interval_s of training (and
+    # the last one always). With 0 the retry resumes at step 6 and evaluates 9 and 12; with
+    # an hour none was written before the failure at update 8: it trains again from the
+    # start, on the same curve. The scripted val_loss after k evaluations of a process is
+    # quality + 1 / (k + 1)
+    spec = toy_spec(f"policy-{int(interval_s)}",
+                    config={"fail_at_update": 8, "once_marker": str(tmp_path / "raised")},
+                    budget={"n_trials": 1}, max_failures=1, checkpoint_interval_s=interval_s)
+    out = run_study(spec, sqlite_url, results_dir=tmp_path / "ray")
+    assert out.counts.complete == 1 and (tmp_path / "raised").exists()
+    trial = optuna.load_study(study_name=spec.name, storage=sqlite_url).trials[0]
+    assert trial.user_attrs["restarts"] == 1
+    assert sorted(trial.intermediate_values) == [3, 6, 9, 12]
+    assert trial.value == pytest.approx(
+        trial.params["quality"] + 1 / (evaluations_after_retry + 1), abs=1e-9)
+    assert trial.user_attrs["checkpoint"]  # the last report's: the trial's model is kept

@@ -286,3 +286,42 @@ def test_resume_follows_the_configs_schedule_from_the_saved_position(tmp_path):
         expected = 0.02 * lr_factor(r["step"], schedule="linear", total_steps=12,
                                     warmup_steps=3, min_lr_ratio=0.1)
         assert (r["lr"], r["planned_updates"]) == (pytest.approx(expected, abs=1e-15), 12)
+
+
+class OnRequest(ListReporter):
+    """Asks for a checkpoint at the given steps only, and says the loop should write none
+    of its own (``checkpoints_on_request``)."""
+
+    checkpoints_on_request = True
+
+    def __init__(self, steps: set[int]) -> None:
+        super().__init__()
+        self.steps, self.saved = steps, []
+
+    def report(self, metrics, save_checkpoint):
+        if metrics["step"] in self.steps:
+            self.saved.append(save_checkpoint())
+        return super().report(metrics, save_checkpoint)
+
+
+@pytest.mark.parametrize("checkpoint_interval", [None, 2], ids=["every-eval", "interval-2"])
+def test_a_reporter_that_checkpoints_on_request_gets_only_what_it_asks(tmp_path,
+                                                                       checkpoint_interval):
+    # hpo's Tune reporter decides which reports carry a checkpoint: the loop writes
+    # neither its per-evaluation, its best, nor its interval checkpoints then
+    config = _config(tmp_path, eval_interval=2, checkpoint_interval=checkpoint_interval)
+    reporter = OnRequest({4, 10})
+    fit(RegressionTask(OPTIONS), config, reporter)
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [4, 10]
+    assert reporter.saved == [path for _, path in list_checkpoints(tmp_path)]
+    assert best_checkpoint(tmp_path) is None  # no best marked: no eager checkpoint
+    # the checkpoint asked at step 4 resumes bit for bit like any other
+    resumed = ListReporter()
+    fit(RegressionTask(OPTIONS), config, resumed, resume_from=reporter.saved[0])
+    assert resumed.reports[0]["step"] == 6
+    assert _trajectory(reporter.reports[:2] + resumed.reports) == _trajectory(reporter.reports)
+
+
+def test_a_plain_reporter_still_gets_a_checkpoint_at_every_evaluation(tmp_path):
+    fit(RegressionTask(OPTIONS), _config(tmp_path, eval_interval=2), ListReporter())
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [2, 4, 6, 8, 10, 11]
