@@ -28,17 +28,20 @@ Ray itself. What it guarantees, each point answering a trap of ray's
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from hpo.models import ModelKeeper
+from hpo.recordtypes import Counts as Counts  # re-exported
+from hpo.recordtypes import Orphan as Orphan
+from hpo.recordtypes import TrialListener as TrialListener
+from hpo.recordtypes import TrialProgress
 from hpo.recordwriter import RecordWriter
 from hpo.space import distributions
 from hpo.spec import StudySpec
@@ -54,56 +57,6 @@ RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopte
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
 STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
-
-
-class TrialListener(Protocol):
-    """Told of every trial the record changes (e.g. a summary kept current elsewhere)."""
-
-    def trial_changed(self, trial: optuna.trial.FrozenTrial) -> None:
-        """``trial`` as stored right after the change; an exception is logged and ignored."""
-
-
-@dataclasses.dataclass
-class TrialProgress:
-    """What the record keeps about one live trial."""
-
-    number: int
-    trial_id: int
-    started: float | None = None
-    wall_time_s: float = 0.0
-    last: dict[str, Any] = dataclasses.field(default_factory=dict)
-    values: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (step, objective)
-    stopped_by: str | None = None  # who stopped it from outside, if anyone
-    decision: str | None = None  # the scheduler's decision on the last result
-    told: bool = False
-    checkpoint: str | None = None  # the ``checkpoint`` attribute as last written
-
-
-@dataclasses.dataclass(frozen=True)
-class Orphan:
-    """A trial a previous driver left RUNNING: its Optuna identity and its last checkpoint."""
-
-    number: int
-    trial_id: int
-    params: dict[str, Any]
-    checkpoint: str | None
-    values: list[tuple[int, float]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Counts:
-    """Trials of the study by state; ``failed`` excludes requeued trials, counted apart."""
-
-    complete: int = 0
-    pruned: int = 0
-    failed: int = 0
-    running: int = 0
-    requeued: int = 0
-
-    @property
-    def finished(self) -> int:
-        """Trials that count against ``budget.n_trials``."""
-        return self.complete + self.pruned + self.failed
 
 
 class StudyRecord:
@@ -174,7 +127,6 @@ class StudyRecord:
         With ``params`` (PBT's own sampling, warm-start points) those values are
         used; otherwise the study's sampler suggests them.
         """
-        self.flush()
         if params is not None:
             self.study.enqueue_trial(dict(params))
         trial = self.study.ask(self.distributions)

@@ -32,8 +32,8 @@ def _errors(change) -> dict[str, str]:
      "n_trials, stop_when, timeout_s"),
     (lambda d: d.update(samplr={"name": "tpe"}), "samplr",
      "not a field here (did you mean 'sampler'?); fields here: budget, checkpoint_interval_s, "
-     "config, constraints, keep_models, max_failures, name, objective, objective_reduce, resources, sampler, "
-     "scheduler, search_space, task, warm_start"),
+     "config, constraints, keep_models, max_failures, name, objective, objective_reduce, "
+     "resources, sampler, scheduler, search_space, task, warm_start"),
     (lambda d: d["search_space"]["lr"].update(lw=1), "search_space.lr.lw",
      "not a field here (did you mean 'low'?); fields here: high, log, low, step, type"),
     (lambda d: d["scheduler"].update(grace_perod=2), "scheduler.grace_perod",
