@@ -15,9 +15,10 @@ Ray itself. What it guarantees, each point answering a trap of ray's
   (each objective's last reported value: Optuna keeps intermediate values of one);
 * a trial that raised ends FAIL with the error text; a NaN or infinite
   objective ends FAIL with the reason, never stuck in RUNNING (optuna#3132);
-* a result's writes (its intermediate value, its checkpoint's location) are done in
-  order by a thread of their own (``hpo.recordwriter``), off Tune's event loop; every
-  other write and read of the record waits for them first (``flush``);
+* intermediate values are written in order by a thread of their own
+  (``hpo.recordwriter``), off Tune's event loop; a checkpoint's location, a trial's
+  end and a pruner's read wait for them first; a value that could not be stored
+  ends its trial FAIL, saying so, and its checkpoint location stops before the gap;
 * a COMPLETE trial's value is the objective's last reported value, or its best
   (``objective_reduce: best``);
 * attributes: Ray trial id, node, checkpoint location, wall time,
@@ -110,7 +111,7 @@ class StudyRecord:
         return self._writer
 
     def flush(self) -> None:
-        """Wait for the queued result writes; raises the first one that failed."""
+        """Wait for the queued result writes (a failed one ends its trial FAIL at its end)."""
         if self._writer is not None:
             self._writer.flush()
 
@@ -205,9 +206,13 @@ class StudyRecord:
     def checkpointed(self, ray_trial_id: str, location: str) -> None:
         """Remember a trial's newest persisted checkpoint (what a new driver resumes from)."""
         t = self.trials.get(ray_trial_id)
-        if t is not None and not t.told and location != t.checkpoint:
-            # queued after the values reported up to it: never ahead of the stored curve
-            self.writes.user_attr(t.trial_id, "checkpoint", location)
+        if t is None or t.told or location == t.checkpoint:
+            return
+        # written once the values reported up to it are: never ahead of the stored curve,
+        # and never one Tune already deleted (it keeps only the newest two)
+        self.flush()
+        if not self.writes.failed(t.trial_id):  # a gap: resume from the one before it
+            self.storage.set_trial_user_attr(t.trial_id, "checkpoint", location)
             t.checkpoint = location
 
     def restarted(self, ray_trial_id: str) -> None:
@@ -269,6 +274,8 @@ class StudyRecord:
         before = None
         if t.values and step <= t.values[-1][0]:  # a resumed trial: this step again
             before = next((v for s, v in t.values if s == step), None)
+            if t.values[-1][0] > step:  # the stored curve must not run ahead of it
+                self.writes.drop_after(t.trial_id, step)
             t.values = [(s, v) for s, v in t.values if s < step]
         if before is None or before != value:  # NaN != NaN: written
             self.writes.intermediate_value(t.trial_id, step, value)
@@ -309,8 +316,10 @@ class StudyRecord:
         ``stopped``: the whole experiment was stopped under it. A NaN or infinite
         objective ends it FAIL instead.
         """
-        self.flush()
         t = self.trials[ray_trial_id]
+        error = self.writes.flush(t.trial_id) if not t.told else None
+        if error is not None:
+            return self.fail(ray_trial_id, f"its results could not all be stored: {error}")
         if t.told:
             return self.storage.get_trial(t.trial_id).state
         last = t.last
@@ -342,8 +351,8 @@ class StudyRecord:
 
     def fail(self, ray_trial_id: str, reason: str) -> TrialState:
         """End a trial FAIL, keeping the reason (error text) in ``fail_reason``."""
-        self.flush()
         t = self.trials[ray_trial_id]
+        self.writes.flush(t.trial_id)
         if t.told:
             return self.storage.get_trial(t.trial_id).state
         self._finish(t, TrialState.FAIL, None, {"fail_reason": reason[-4000:]})
@@ -395,8 +404,7 @@ class StudyRecord:
     # -- the study as a whole ----------------------------------------------------------
 
     def counts(self) -> Counts:
-        """Trials of the study by state, from the storage."""
-        self.flush()
+        """Trials of the study by state, from the storage (states are written at once)."""
         trials = self.study.get_trials(deepcopy=False)
         states = [t.state for t in trials]
         requeued = sum(1 for t in trials if t.user_attrs.get("requeued"))

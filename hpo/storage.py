@@ -200,6 +200,30 @@ def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int,
                 set_={"value_json": statement.excluded.value_json}))
 
 
+def drop_intermediate_values_after(storage: optuna.storages.BaseStorage, trial_id: int,
+                                   step: int) -> None:
+    """Remove a RUNNING trial's intermediate values at steps above ``step``.
+
+    Optuna has no API to remove an intermediate value. A trial resumed from a checkpoint
+    older than its last report (``checkpoint_interval_s``) reports those steps again; until
+    then the stored curve must not run past the step it is at (an Optuna pruner reads
+    ``last_step``), and it must not if the trial then ends sooner. On ``RDBStorage`` one
+    DELETE on Optuna's ``trial_intermediate_values`` table; other storages keep them.
+
+    Raises:
+        optuna.exceptions.UpdateFinishedTrialError: the trial has already ended.
+        KeyError: no trial has id ``trial_id``.
+    """
+    if not isinstance(storage, optuna.storages.RDBStorage):
+        return
+    table = models.TrialIntermediateValueModel
+    with _create_scoped_session(storage.scoped_session, True) as session:
+        trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+        storage.check_trial_is_updatable(trial_id, trial.state)
+        session.execute(sqlalchemy.delete(table).where(table.trial_id == trial_id,
+                                                       table.step > step))
+
+
 UPSERT_ROWS = 1000
 _UPSERT_DIALECTS = {"sqlite": sqlalchemy.dialects.sqlite.insert,
                     "postgresql": sqlalchemy.dialects.postgresql.insert}

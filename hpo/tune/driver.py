@@ -396,6 +396,10 @@ def plan_trials(record: StudyRecord) -> Plan:
             record.abandon(orphan, "the driver running this PBT trial stopped")
         elif orphan.checkpoint and Path(orphan.checkpoint).is_dir():
             resumes.append(orphan)
+        elif orphan.checkpoint:  # a results directory moved or cleaned in between
+            record.requeue(orphan, "the driver running this trial stopped and its last "
+                                   "checkpoint is gone from the results directory; its "
+                                   "parameters were queued to run again")
         else:
             record.requeue(orphan, "the driver running this trial stopped before its first "
                                    "checkpoint; its parameters were queued to run again")

@@ -23,7 +23,7 @@ EVENTS = [("result", 10, 0.9), ("result", 20, 0.5), ("checkpoint", 20, None),
 
 
 class GatedStorage:
-    """The storage, but only the first ``allowed`` result writes reach it; the next one
+    """The storage, but only the first ``allowed`` value writes reach it; the next one
     waits for ``release`` (a driver killed at that point never does it)."""
 
     def __init__(self, inner, allowed: int) -> None:
@@ -40,11 +40,6 @@ class GatedStorage:
         self.inner.set_trial_intermediate_value(trial_id, step, value)
         self.done += 1
 
-    def set_trial_user_attr(self, trial_id, key, value):
-        self._gate()
-        self.inner.set_trial_user_attr(trial_id, key, value)
-        self.done += 1
-
 
 def _replay(record: StudyRecord, events) -> None:
     for kind, step, value in events:
@@ -54,27 +49,26 @@ def _replay(record: StudyRecord, events) -> None:
             record.checkpointed("r1", f"/ckpt/step-{step}")
 
 
-@pytest.mark.parametrize("allowed", range(len(EVENTS)))
+@pytest.mark.parametrize("allowed", range(4))
 def test_a_killed_driver_never_leaves_a_checkpoint_ahead_of_the_curve(db_url, unique_name,
                                                                       allowed):
-    # the writer is stopped after `allowed` writes, as by a kill -9: what is stored is
-    # exactly the first `allowed` writes, so the recorded checkpoint (what a new driver
-    # resumes from) has every value up to its step stored, and the resumed trial
-    # reports the steps after it again
+    # the writer stops after `allowed` value writes, as at a kill -9: what is stored is
+    # exactly those values, and the recorded checkpoint (what a new driver resumes from)
+    # only if every value up to it is stored; the resumed trial reports the rest again
     storage = open_storage(db_url)
     record = StudyRecord(_spec(unique_name), storage)
     record.ask("r1")
     gated = GatedStorage(storage, allowed)
     record._writer = RecordWriter(gated)
-    _replay(record, EVENTS)
+    driver = threading.Thread(target=_replay, args=(record, EVENTS), daemon=True)
+    driver.start()
     assert gated.blocked.wait(30)
     fresh = open_storage(db_url).get_trial(record.trials["r1"].trial_id)
-    written = EVENTS[:allowed]
-    assert fresh.intermediate_values == {s: v for kind, s, v in written if kind == "result"}
-    checkpoints = [s for kind, s, _ in written if kind == "checkpoint"]
-    assert fresh.user_attrs.get("checkpoint") == (
-        f"/ckpt/step-{checkpoints[-1]}" if checkpoints else None)
+    values = [(s, v) for kind, s, v in EVENTS if kind == "result"][:allowed]
+    assert fresh.intermediate_values == dict(values)
+    assert fresh.user_attrs.get("checkpoint") == ("/ckpt/step-20" if allowed >= 2 else None)
     gated.release.set()  # the rest, then the end of the trial
+    driver.join(30)
     assert record.complete_or_prune("r1", "asha") == TrialState.COMPLETE
     t = _trial(record, "r1")
     assert t.intermediate_values == {10: 0.9, 20: 0.5, 30: 0.7, 40: 0.6}
@@ -116,20 +110,82 @@ def test_an_optuna_pruner_reads_every_result_written(sqlite_url, unique_name):
         assert record.frozen("r1").intermediate_values[step] == 1.0 / step
 
 
-def test_a_failed_write_is_raised_at_the_next_flush_once(sqlite_url, unique_name):
-    record = StudyRecord(_spec(unique_name), open_storage(sqlite_url))
+def test_a_value_that_cannot_be_stored_fails_its_trial_only(db_url, unique_name):
+    # a write that still fails after its retries breaks that trial's stream: nothing of it
+    # is stored past the gap (its checkpoint location stays before it), and it ends FAIL
+    # saying why; the other trial is untouched
+    storage = open_storage(db_url)
+    record = StudyRecord(_spec(unique_name), storage)
     record.ask("r1")
+    record.ask("r2")
+    broken = record.trials["r1"].trial_id
 
-    class Broken:
+    class FailsForR1:
+        def set_trial_intermediate_value(self, trial_id, step, value):
+            if trial_id == broken and step == 20:
+                raise optuna.exceptions.StorageInternalError("the database went away")
+            storage.set_trial_intermediate_value(trial_id, step, value)
+
+    record._writer = RecordWriter(FailsForR1(), retry_waits_s=(0.0, 0.0))
+    for step, value in [(10, 0.9), (20, 0.5), (30, 0.7), (40, 0.6)]:
+        record.result("r1", _result(step, value))
+        record.result("r2", _result(step, value + 1))
+        record.checkpointed("r1", f"/ckpt/r1-{step}")
+        record.checkpointed("r2", f"/ckpt/r2-{step}")
+    assert record.complete_or_prune("r2", "asha") == TrialState.COMPLETE
+    assert record.complete_or_prune("r1", "asha") == TrialState.FAIL
+    r1, r2 = _trial(record, "r1"), _trial(record, "r2")
+    assert r1.intermediate_values == {10: 0.9}
+    assert r1.user_attrs["checkpoint"] == "/ckpt/r1-10"
+    assert r1.user_attrs["fail_reason"] == ("its results could not all be stored: "
+                                            "the database went away")
+    assert r2.intermediate_values == {10: 1.9, 20: 1.5, 30: 1.7, 40: 1.6} and r2.value == 1.6
+    assert r2.user_attrs["checkpoint"] == "/ckpt/r2-40"
+
+
+def test_a_transient_write_error_is_tried_again(sqlite_url, unique_name):
+    storage = open_storage(sqlite_url)
+    record = StudyRecord(_spec(unique_name), storage)
+    record.ask("r1")
+    calls = []
+
+    class FailsTwice:
         def set_trial_intermediate_value(self, *args):
-            raise optuna.exceptions.StorageInternalError("the database went away")
+            calls.append(args)
+            if len(calls) <= 2:
+                raise optuna.exceptions.StorageInternalError("database is locked")
+            storage.set_trial_intermediate_value(*args)
 
-    record._writer = RecordWriter(Broken())
-    record.result("r1", _result(10, 0.5))
-    with pytest.raises(optuna.exceptions.StorageInternalError, match="went away"):
-        record.flush()
-    record.flush()  # raised once
-    record.close()
+    record._writer = RecordWriter(FailsTwice(), retry_waits_s=(0.0, 0.0, 0.0))
+    record.result("r1", _result(40, 0.5))
+    assert record.complete_or_prune("r1", "fifo") == TrialState.COMPLETE
+    assert len(calls) == 3 and _trial(record, "r1").intermediate_values == {40: 0.5}
+
+
+def test_a_trial_resumed_further_back_and_stopped_sooner_keeps_no_later_values(
+        db_url, unique_name):
+    # reported to 40 with its checkpoint at 10, resumed, and pruned at 20: the stored
+    # curve ends at 20, and what a pruner reads at 20 has no step after it
+    storage = open_storage(db_url)
+    first = StudyRecord(_spec(unique_name), storage)
+    first.ask("r1")
+    for step, value in [(10, 0.9), (20, 0.5), (30, 0.7), (40, 0.6)]:
+        first.result("r1", _result(step, value))
+        if step == 10:
+            first.checkpointed("r1", "/ckpt/step-10")
+    first.flush()
+    second = StudyRecord(_spec(unique_name), storage)
+    (orphan,) = second.orphans()
+    second.adopt("r2", orphan)
+    second.result("r2", _result(10, 0.9))  # its checkpoint's evaluation, again
+    assert second.frozen("r2").intermediate_values == {10: 0.9}
+    second.result("r2", _result(20, 0.55))
+    assert second.frozen("r2").intermediate_values == {10: 0.9, 20: 0.55}
+    second.note_stop("r2", "asha")
+    assert second.complete_or_prune("r2", "asha") == TrialState.PRUNED
+    t = _trial(second, "r2")
+    assert t.intermediate_values == {10: 0.9, 20: 0.55} and t.value == 0.55
+    assert t.user_attrs["budget_updates"] == 20
 
 
 def test_a_full_queue_makes_the_event_loop_wait():
