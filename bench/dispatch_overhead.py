@@ -4,7 +4,8 @@ Every trial does the same trivial work: one optimizer update of the ``digits``
 task through ``trainers.fit`` (dataset, model, one update, one evaluation).
 What differs is the dispatch around it:
 
-* ``hpo``: ``run_study`` (our searcher, the Optuna record, a checkpoint per report);
+* ``hpo``: ``run_study`` (our searcher, the Optuna record, the checkpoint of each
+  trial's last report: its only one here, ``checkpoint_interval_s``);
 * ``raw-tune``: ``tune.Tuner`` + ``OptunaSearch``, ``reuse_actors=True``,
   ``max_concurrent_trials`` as for hpo, ``tune.report`` without checkpoints;
 * ``optuna``: ``study.optimize`` in this process, one trial at a time.
