@@ -37,7 +37,13 @@ from hpo.tune.pbt import build_pbt, remove_pins
 from hpo.tune.pbt import param_space as pbt_param_space
 from hpo.tune.schedulers import RecordingScheduler, build_scheduler
 from hpo.tune.searcher import GatedVariants, StudySearcher
-from hpo.tune.trainable import ScratchCleanup, TrialSetup, fsdp_scratch, train_trial
+from hpo.tune.trainable import (
+    ScratchCleanup,
+    TrialSetup,
+    checkpoint_policy,
+    fsdp_scratch,
+    train_trial,
+)
 from hpo.validation import check_budgets
 from hpo.warmstart import enqueue_warm_start, warm_start_points
 from hpo.workers import gcs_endpoint, tcp_reachable
@@ -46,11 +52,9 @@ DEFAULT_RESULTS_DIR = "hpo-runs"
 CLUSTER_PROBE_TIMEOUT_S = 5.0
 _joined: dict[str, Any] = {}  # the Ray connection init_ray made: its job id and runtime_env
 
-# Ray Tune's own console reporter would interleave with ours; its legacy reporter at
-# verbose=0 prints nothing. Its warning about frequent experiment snapshots (we
-# checkpoint at every report, on purpose) is noise here. Its SIGINT handler would
-# end trials as if finished: the caller decides what an interruption means
-# (``should_interrupt``).
+# Ray Tune's console reporter would interleave with ours (its legacy one at verbose=0
+# prints nothing); its warning about frequent experiment snapshots is noise here; its
+# SIGINT handler would end trials as if finished (``should_interrupt`` decides).
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
@@ -155,18 +159,6 @@ def build_trainable(spec: StudySpec, results_dir: Path):
     if r.workers > 1:  # the Train workers get their own placement group; the trial itself
         return tune.with_resources(trainable, {"cpu": 0.01})  # must not hold their CPUs
     return tune.with_resources(trainable, {"cpu": r.cpus, "gpu": r.gpus, **r.custom})
-
-
-def checkpoint_policy(spec: StudySpec) -> dict[str, Any]:
-    """``TrialSetup``'s checkpoint fields for ``spec`` (see ``CheckpointPolicy``): every
-    report carries one under schedulers that pause or exploit trials (Hyperband, median
-    stopping without ``hard_stop``, PBT, PB2), else one per ``checkpoint_interval_s`` of
-    training, and every report from the scheduler's ``max_t`` on."""
-    s = spec.scheduler
-    resumes_trials = s.name in ("hyperband", *POPULATION_SCHEDULERS) or (
-        s.name == "median" and not s.hard_stop)
-    return {"checkpoint_interval_s": 0.0 if resumes_trials else spec.checkpoint_interval_s,
-            "checkpoint_from_step": getattr(s, "max_t", None)}
 
 
 class StopWhen(tune.Stopper):
@@ -396,13 +388,11 @@ def plan_trials(record: StudyRecord) -> Plan:
             record.abandon(orphan, "the driver running this PBT trial stopped")
         elif orphan.checkpoint and Path(orphan.checkpoint).is_dir():
             resumes.append(orphan)
-        elif orphan.checkpoint:  # a results directory moved or cleaned in between
-            record.requeue(orphan, "the driver running this trial stopped and its last "
-                                   "checkpoint is gone from the results directory; its "
+        else:  # a checkpoint recorded but gone: the results directory moved or was cleaned
+            why = "and its last checkpoint is gone" if orphan.checkpoint else \
+                "before its first checkpoint"
+            record.requeue(orphan, f"the driver running this trial stopped {why}; its "
                                    "parameters were queued to run again")
-        else:
-            record.requeue(orphan, "the driver running this trial stopped before its first "
-                                   "checkpoint; its parameters were queued to run again")
     n_new = record.spec.budget.n_trials - record.counts().finished - len(resumes)
     return Plan(resumes=resumes, n_new=max(0, n_new))
 

@@ -45,6 +45,7 @@ from ray import tune
 
 import trainers
 from hpo.record import RESUME_KEY
+from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +111,18 @@ class CheckpointPolicy:
     def taken(self) -> None:
         """A checkpoint was just written: the interval counts from now."""
         self.since = self.clock()
+
+
+def checkpoint_policy(spec: StudySpec) -> dict[str, Any]:
+    """``TrialSetup``'s checkpoint fields for ``spec`` (see ``CheckpointPolicy``): every
+    report carries one under schedulers that pause or exploit trials (Hyperband, median
+    stopping without ``hard_stop``, PBT, PB2), else one per ``checkpoint_interval_s`` of
+    training, and every report from the scheduler's ``max_t`` on."""
+    s = spec.scheduler
+    resumes_trials = s.name in ("hyperband", *POPULATION_SCHEDULERS) or (
+        s.name == "median" and not s.hard_stop)
+    return {"checkpoint_interval_s": 0.0 if resumes_trials else spec.checkpoint_interval_s,
+            "checkpoint_from_step": getattr(s, "max_t", None)}
 
 
 class TuneReporter:

@@ -12,8 +12,7 @@ from optuna.trial import TrialState
 from hpo.record import StudyRecord
 from hpo.recordwriter import RecordWriter
 from hpo.storage import open_storage
-from hpo.tune.driver import checkpoint_policy
-from hpo.tune.trainable import CheckpointPolicy
+from hpo.tune.trainable import CheckpointPolicy, checkpoint_policy
 from tests.hpo.test_record import _result, _spec, _trial
 
 # one trial's result writes, in the order Tune delivers them: a checkpoint's location is
