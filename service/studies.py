@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from service.settings import Settings
 from service.summaries import compute_summary, read_summaries, retire_usage, store_summary
 
 log = logging.getLogger(__name__)
+CREATE_WAIT_S = 10.0  # a 409 for a name being created waits this long for that create
+CREATE_RACE_TRIES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,14 +122,36 @@ class StudyService:
         warm_start_points(spec, self.storage)
 
     def _insert_creating(self, spec: StudySpec, owner: Principal) -> None:
-        with self.sessions() as session:
-            session.add(StudyRow(name=spec.name, owner_id=owner.token_id,
-                                 status=Status.CREATING, spec=spec.to_dict(),
-                                 n_trials=spec.budget.n_trials))
-            try:
-                session.commit()
-            except sqlalchemy.exc.IntegrityError:
-                raise StudyConflict(f"a study named {spec.name!r} exists already") from None
+        """Insert the CREATING row; a concurrent create of the same name is answered 409
+        only once that create has finished (its row is no longer CREATING), so that a read
+        right after the 409 finds the study; if that create was undone, this one goes on."""
+        for _ in range(CREATE_RACE_TRIES):
+            with self.sessions() as session:
+                session.add(StudyRow(name=spec.name, owner_id=owner.token_id,
+                                     status=Status.CREATING, spec=spec.to_dict(),
+                                     n_trials=spec.budget.n_trials))
+                try:
+                    session.commit()
+                    return
+                except sqlalchemy.exc.IntegrityError:
+                    session.rollback()
+            if self._wait_not_creating(spec.name):
+                break
+        raise StudyConflict(f"a study named {spec.name!r} exists already")
+
+    def _wait_not_creating(self, name: str) -> bool:
+        """Wait (at most ``CREATE_WAIT_S``) while the row ``name`` is CREATING; True if a
+        row of that name remains, False if it is gone (that create was undone)."""
+        deadline = time.monotonic() + CREATE_WAIT_S
+        while True:
+            with self.sessions() as session:
+                status = session.execute(sa.select(StudyRow.status)
+                                         .where(StudyRow.name == name)).scalar()
+            if status is None:
+                return False
+            if status != Status.CREATING or time.monotonic() >= deadline:
+                return True
+            time.sleep(0.05)
 
     def _queue(self, spec: StudySpec, optuna_id: int) -> StudyRow:
         """CREATING -> QUEUED, with the new study's summary (no trials yet) in the same
