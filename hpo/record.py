@@ -153,7 +153,6 @@ class StudyRecord:
 
     def adopt(self, ray_trial_id: str, orphan: Orphan) -> None:
         """Continue an orphan's Optuna trial with a new Ray trial (resumed from its checkpoint)."""
-        self.flush()
         self.trials[ray_trial_id] = TrialProgress(orphan.number, orphan.trial_id,
                                                   values=list(orphan.values),
                                                   checkpoint=orphan.checkpoint)
@@ -166,7 +165,6 @@ class StudyRecord:
 
         A requeued trial does not count against the budget (``Counts.finished``).
         """
-        self.flush()
         set_trial_user_attrs(self.storage, orphan.trial_id,
                              {"fail_reason": reason, "requeued": True})
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
@@ -179,7 +177,6 @@ class StudyRecord:
 
     def abandon(self, orphan: Orphan, reason: str) -> None:
         """End an orphan FAIL with ``reason``, without running it again (PBT populations)."""
-        self.flush()
         self.storage.set_trial_user_attr(orphan.trial_id, "fail_reason", reason)
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
         self._changed(orphan.trial_id)
@@ -198,7 +195,6 @@ class StudyRecord:
         donor = self.trials.get(donor_ray_trial_id)
         entry = {"donor_trial": donor.number if donor else None, "step": step, "old": old,
                  "new": new}
-        self.flush()
         exploits = self.storage.get_trial(t.trial_id).user_attrs.get("exploits", [])
         self.storage.set_trial_user_attr(t.trial_id, "exploits", [*exploits, entry])
         self.storage.set_trial_user_attr(t.trial_id, "params_now", new)
@@ -232,7 +228,6 @@ class StudyRecord:
             log.exception("the record's listener failed on trial id %s", trial_id)
 
     def _bump(self, trial_id: int, key: str) -> None:
-        self.flush()
         count = self.storage.get_trial(trial_id).user_attrs.get(key, 0)
         self.storage.set_trial_user_attr(trial_id, key, count + 1)
 
