@@ -120,8 +120,15 @@ def ping_when_idle(engine: sqlalchemy.Engine, idle_s: float = PING_AFTER_IDLE_S)
             raise sqlalchemy.exc.DisconnectionError("a pooled connection did not answer")
 
 
-def open_storage(url: str = DEFAULT_STORAGE_URL) -> optuna.storages.RDBStorage:
+def open_storage(url: str = DEFAULT_STORAGE_URL,
+                 pool_size: int | None = None) -> optuna.storages.RDBStorage:
     """An Optuna ``RDBStorage`` for ``url`` (``sqlite:///file.db``, ``postgresql+psycopg://...``).
+
+    Args:
+        pool_size: connections a server database's pool keeps (>= 1; 10 more may open at
+            once); ``None``: SQLAlchemy's default (5). A process with more threads using the
+            storage at once (the API) needs one per thread, or its checkouts open new
+            connections.
 
     Raises:
         StorageError: bad URL, unreachable database, or schema problems.
@@ -130,7 +137,10 @@ def open_storage(url: str = DEFAULT_STORAGE_URL) -> optuna.storages.RDBStorage:
         path = sqlite_path(url)
         if path is not None:
             prepare_sqlite(path)
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+        kwargs = engine_kwargs(url)
+        if path is None and pool_size is not None:
+            kwargs.update(pool_size=pool_size, max_overflow=10)
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         if path is not None:
             _sync_normal(storage.engine)
         return storage

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
@@ -45,9 +46,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         service.migrate.SchemaOutdated: the service's tables need ``hpo db upgrade``.
     """
     settings = settings or Settings.from_env()
-    engine = build_engine(settings.database_url)
+    # a pooled connection per thread that may use it, and for the dispatcher and /readyz
+    engine = build_engine(settings.database_url, pool_size=settings.api_threads + 2)
     migrate.prepare(engine, auto=settings.migrate_on_start)
-    storage = open_storage(settings.database_url)
+    storage = open_storage(settings.database_url, pool_size=settings.api_threads)
     sessions = session_factory(engine)
     study_service = StudyService(settings, sessions, storage)
     dispatcher = None
@@ -63,6 +65,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        # the event loop's thread pool, which runs the synchronous routes: as many threads
+        # as the pools above keep connections (anyio's default is 40)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         if dispatcher is not None:
             dispatcher.start()
         try:

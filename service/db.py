@@ -143,8 +143,15 @@ class UsageRow(Base):
     device_seconds: Mapped[float] = mapped_column(sa.Float, default=0.0)
 
 
-def build_engine(url: str) -> sa.Engine:
+def build_engine(url: str, pool_size: int = 10) -> sa.Engine:
     """An engine for ``url`` with the options of the Optuna storage (SQLite: WAL, busy timeout).
+
+    Args:
+        pool_size: connections a server database's pool keeps (>= 1; 10 more may open at
+            once, and close as they come back). A process whose threads use the engine
+            concurrently needs one per thread: beyond it, each checkout opens a new
+            connection (a PostgreSQL backend started and authenticated, 350 in 20 s under
+            ``bench/load.py`` with the API's 20 threads on a pool of 10).
 
     Raises:
         hpo.errors.StorageError: the SQLite file cannot be switched to WAL.
@@ -155,7 +162,7 @@ def build_engine(url: str) -> sa.Engine:
         prepare_sqlite(path)
     kwargs = engine_kwargs(url, pre_ping=False)  # checked by ping_when_idle below
     if path is None:
-        kwargs.update(pool_size=10, max_overflow=20)
+        kwargs.update(pool_size=pool_size, max_overflow=10)
     engine = sa.create_engine(url, **kwargs)
     ping_when_idle(engine)
     return engine

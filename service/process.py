@@ -42,9 +42,30 @@ def lower_priority(niceness: int = BATCH_NICENESS) -> None:
     """Run this process (and the processes it starts, which inherit it) ``niceness`` steps
     below normal CPU priority: batch work (study drivers, the local Ray and its trials) then
     takes the CPU the API leaves, so reads and writes stay fast on a machine whose cores the
-    trials fill. Where the process may not change its priority, nothing changes."""
+    trials fill. Where the process may not change its priority, nothing changes.
+
+    A process that leads its own session (drivers and the local Ray start in one) also
+    lowers its session's scheduling group: where Linux groups processes by session
+    (``CONFIG_SCHED_AUTOGROUP``, on by default in most distributions' kernels), a process's
+    own niceness only ranks it within its group, and every group gets an equal share of
+    the CPU, so a driver's ``nice`` alone gave the API nothing (sched(7), "The autogroup
+    feature"; seen under ``bench/load.py``). A process in its parent's session leaves the
+    group alone, which would lower its parent too.
+    """
     with contextlib.suppress(OSError):
         os.nice(niceness)
+    if os.getsid(0) == os.getpid():
+        lower_session_group(niceness)
+
+
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def lower_session_group(niceness: int) -> None:
+    """Set the niceness of this process's autogroup (its session's scheduling group) to
+    ``niceness`` (-20..19), where the kernel has autogroups; elsewhere nothing changes."""
+    with contextlib.suppress(OSError), open(AUTOGROUP, "w") as f:
+        f.write(str(niceness))
 
 
 def parent_gone() -> bool:

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     public_url: str | None = _var("HPO_PUBLIC_URL", None)
     run_dispatcher: bool = _var("HPO_RUN_DISPATCHER", True)
     warm_drivers: bool = _var("HPO_WARM_DRIVER", True)
+    # the API's thread pool (its synchronous routes and dependencies); its database pools
+    # keep as many connections
+    api_threads: int = _var("HPO_API_THREADS", 20, ge=1, le=256)
     log_format: Literal["text", "json"] = _var("HPO_LOG_FORMAT", "text")
     auto_migrate: bool | None = _var("HPO_AUTO_MIGRATE", None)  # None: on SQLite only
     metrics_open: bool = _var("HPO_METRICS_OPEN", False)
