@@ -8,7 +8,7 @@ dispatcher and its own local Ray, so some studies are claimed and start a driver
 stop arrives. At the end, every created study that was not deleted must be listed by the API
 and exist in Optuna.
 
-    python bench/load.py [--clients 20] [--seconds 60] [--database-url URL]
+    python bench/load.py [--clients 20] [--seconds 60] [--api-processes 1] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--database-url", default=None, help="default: a fresh PostgreSQL schema")
     parser.add_argument("--port", type=int, default=8798)
+    parser.add_argument("--api-processes", type=int, default=1,
+                        help="the server's HPO_API_PROCESSES (default 1)")
     args = parser.parse_args()
     schema = None
     url = args.database_url
@@ -133,7 +135,8 @@ def run(args, url: str) -> None:
     engine.dispose()
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"hpo-load-{os.getpid()}"
     env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_PORT": str(args.port),
-           "HPO_RESULTS_DIR": str(workdir), "HPO_NUM_CPUS": "2"}
+           "HPO_RESULTS_DIR": str(workdir), "HPO_NUM_CPUS": "2",
+           "HPO_API_PROCESSES": str(args.api_processes)}
     env.pop("RAY_ADDRESS", None)
     server = subprocess.Popen([sys.executable, "-m", "service.server"], cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,7 +165,8 @@ def run(args, url: str) -> None:
 def report(args, tally: Tally, elapsed: float, lost: list[str],
            load: tuple[float, float]) -> None:
     n = sum(len(v) for v in tally.latency.values())
-    print(f"{args.clients} clients, {elapsed:.0f} s: {n} requests, {n / elapsed:.1f} req/s, "
+    print(f"{args.clients} clients, {args.api_processes} API process(es), {elapsed:.0f} s: "
+          f"{n} requests, {n / elapsed:.1f} req/s, "
           f"{len(tally.created)} studies created, {len(tally.deleted)} deleted; load average "
           f"{load[0]:.1f} at the start, {load[1]:.1f} at the end on {os.cpu_count()} CPUs")
     print(f"{'operation':10} {'count':>6} {'p50 ms':>8} {'p99 ms':>8}")

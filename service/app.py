@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from hpo.storage import open_storage
 from service import api_errors, migrate
+from service.api_processes import DispatcherStatus
 from service.dashboard import build_dashboard
 from service.db import build_engine, session_factory
 from service.deps import Components
@@ -34,11 +35,15 @@ log = logging.getLogger(__name__)
 ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"]
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None,
+               dispatcher_status: DispatcherStatus | None = None) -> FastAPI:
     """The service as an ASGI app.
 
     Args:
         settings: default ``Settings.from_env()``.
+        dispatcher_status: in an API process that runs no dispatcher, the state another
+            process publishes of its own (``service.api_processes``), for ``/readyz`` and
+            ``/metrics``; ignored where ``settings.run_dispatcher``.
 
     Raises:
         hpo.errors.StorageError: the database cannot be opened.
@@ -58,9 +63,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         dispatcher = Dispatcher(settings, sessions, study_service)
         study_service.on_queued = dispatcher.wake
+    # what /readyz and /metrics say of the dispatcher: this process's, or the one another
+    # API process runs (its published status, service.api_processes)
+    seen = dispatcher or dispatcher_status
     readiness = Readiness(engine, settings.ray_address,
-                          dispatcher.alive if dispatcher is not None else None,
-                          dispatcher.warm_driver if dispatcher is not None
+                          seen.alive if seen is not None else None,
+                          seen.warm_driver if seen is not None
                           and settings.warm_drivers else None)
 
     @contextlib.asynccontextmanager
@@ -84,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.components = Components(settings, sessions, study_service, readiness)
     app.state.dispatcher = dispatcher
     api_errors.install(app)
-    app.state.metrics = Metrics(sessions, dispatcher)
+    app.state.metrics = Metrics(sessions, seen)
     routers = (health.router, studies.router, models.router, tasks.router, metrics.router,
                tokens.router, audit.router)
     for router in routers:

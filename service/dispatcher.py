@@ -38,6 +38,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -87,6 +88,8 @@ class Dispatcher:
         self._waiting_since: dict[str, float] = {}  # studies driven here waiting for a quota
         self.restarts = 0
         self.takeovers = 0
+        # after each round: service.api_processes publishes the state to the other processes
+        self.on_round: Callable[[], None] = lambda: None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -138,6 +141,7 @@ class Dispatcher:
                     self.last_round_at = time.monotonic()
                 except Exception:  # the loop must outlive a database hiccup
                     log.exception("dispatcher round failed")
+                self.on_round()
                 self._wake.wait(self.settings.dispatch_interval_s)
                 self._wake.clear()
         finally:

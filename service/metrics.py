@@ -23,7 +23,8 @@ Quotas and fair share (``service.quotas``), read at each scrape:
   running trial or use in the last 24 h);
 * ``hpo_studies_waiting``: QUEUED or RUNNING studies waiting for a quota (``waiting_for``).
 
-The dispatcher of this process (absent where it runs none):
+The dispatcher (absent where the service runs none; with several API processes, the other
+processes read it from the first one's status file, ``service.api_processes``):
 
 * ``hpo_dispatcher_heartbeat_age_seconds``: since its last complete round;
 * ``hpo_driver_restarts_total``: drivers started for a study that ran before (requeued at
@@ -48,10 +49,12 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from sqlalchemy.orm import sessionmaker
 
 from hpo.summary import StudySummary
 from service import quotas
+from service.api_processes import shared_metrics_dir
 from service.db import VISIBLE, Status, StudyRow, SummaryRow, TokenRow, UsageRow
 
 disable_created_metrics()  # no *_created series: they double every counter's series count
@@ -66,17 +69,24 @@ class Metrics:
 
     Args:
         sessions: a session factory on the service's engine.
-        dispatcher: this process's dispatcher, or ``None``.
+        dispatcher: this process's dispatcher, its published status
+            (``service.api_processes.DispatcherStatus``), or ``None``.
     """
 
     def __init__(self, sessions: sessionmaker, dispatcher=None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # several API processes (service.api_processes): each writes its HTTP counts to the
+        # shared directory and a scrape adds up every process's (prometheus-client's
+        # multiprocess mode); one process: its own registry holds them
+        shared = shared_metrics_dir()
+        own = None if shared else self.registry
         self.requests = Counter("hpo_http_requests", "HTTP requests answered",
-                                ["route", "method", "status"], registry=self.registry)
+                                ["route", "method", "status"], registry=own)
         self.latency = Histogram("hpo_http_request_duration_seconds",
                                  "time to answer an HTTP request, in seconds",
-                                 ["route", "method"], buckets=LATENCY_BUCKETS,
-                                 registry=self.registry)
+                                 ["route", "method"], buckets=LATENCY_BUCKETS, registry=own)
+        if shared:
+            MultiProcessCollector(self.registry, path=shared)
         self.registry.register(StoreCollector(sessions, dispatcher))
 
     def exposition(self) -> tuple[bytes, str]:

@@ -74,9 +74,16 @@ def parent_gone() -> bool:
     return expected is not None and os.getppid() != int(expected)
 
 
+# prometheus-client's multiprocess directory of the API processes (service.api_processes):
+# a driver that inherited it would write its libraries' metrics there
+NOT_INHERITED = frozenset({"PROMETHEUS_MULTIPROC_DIR"})
+
+
 def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """This process's environment plus ``extra`` and the parent pid for :func:`die_with_parent`."""
-    return {**os.environ, **extra, PARENT_ENV: str(os.getpid())}
+    """This process's environment (less ``NOT_INHERITED``) plus ``extra`` and the parent pid
+    for :func:`die_with_parent`."""
+    inherited = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    return {**inherited, **extra, PARENT_ENV: str(os.getpid())}
 
 
 def describe_exit(code: int) -> str:

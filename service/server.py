@@ -17,17 +17,22 @@ import errno
 import gc
 import json
 import logging
+import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import uvicorn
 
-from service import logs
+from service import api_processes, logs
 from service.connection_guard import guarded_protocol
 from service.errors import ServiceError
-from service.process import child_env, stop_process
+from service.process import child_env, die_with_parent, stop_process
 from service.settings import Settings
 
 log = logging.getLogger("service.server")
@@ -116,11 +121,18 @@ def _prepare_schema(settings: Settings) -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server that logs where to go once it serves."""
+    """uvicorn's server that logs where to go once it serves, and calls ``on_shutdown`` as
+    its shutdown begins (the other API processes are told to stop then, not after)."""
 
-    def __init__(self, config: uvicorn.Config, url: str) -> None:
+    def __init__(self, config: uvicorn.Config, url: str,
+                 on_shutdown: Callable[[], None] = lambda: None) -> None:
         super().__init__(config)
         self.url = url
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        self.on_shutdown()
+        await super().shutdown(sockets)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -156,27 +168,80 @@ def serve(settings: Settings, sock: socket.socket | None = None) -> None:
         settings = settings.replace(ray_address=local_ray.address,
                                     ray_auth_mode=local_ray.auth_mode)
         log.info("local Ray head at %s", local_ray.address)
+    shared = Path(tempfile.mkdtemp(prefix="hpo-api-")) if settings.api_processes > 1 else None
+    others = None
     try:
+        if shared is not None:
+            api_processes.use_shared_metrics(shared)  # before prometheus_client's import
         from service.app import create_app  # seconds of imports: after the port is ours
 
         app = create_app(settings)
-        # what the imports and the app built lives as long as the process: frozen out of
-        # the cycle collector's reach, a full collection no longer walks those ~400k
-        # objects (0.2-0.5 s each on a busy machine: the p99 of the API's reads,
-        # bench/read_scaling.py)
-        gc.freeze()
-        config = uvicorn_config(app, settings, log_level="info", log_config=None,
-                                timeout_graceful_shutdown=10)
-        # uvicorn handles SIGINT/SIGTERM while it runs, then raises the signal again
-        # against the handlers it found: these no-ops let the clean-up below run and
-        # the process exit 0 after a clean shutdown.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: None)
-        _Server(config, settings.url).run(sockets=[sock])
+        if shared is not None:
+            others = _start_other_api_processes(app, settings, sock, shared)
+        _run(app, settings, sock, others.signal_stop if others else lambda: None)
     finally:
+        if others is not None:
+            others.stop()
         sock.close()
         if local_ray is not None:
             local_ray.stop()
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
+
+
+def _start_other_api_processes(app, settings: Settings, sock: socket.socket,
+                               shared: Path) -> api_processes.ApiProcesses:
+    """Start ``settings.api_processes - 1`` API processes on ``sock`` with these settings and
+    no dispatcher; this one's dispatcher publishes its state to them and wakes on their
+    creates (``service.api_processes``)."""
+    env = {**settings.replace(run_dispatcher=False).to_env(),
+           api_processes.METRICS_ENV: str(shared)}
+    dispatcher = app.state.dispatcher
+    if dispatcher is not None:
+        status = api_processes.DispatcherStatus(shared / "dispatcher.json")
+        dispatcher.on_round = lambda: status.publish(dispatcher)
+        signal.signal(api_processes.WAKE_SIGNAL, lambda *_: dispatcher.wake())
+        env[api_processes.STATUS_ENV] = str(status.path)
+    others = api_processes.ApiProcesses(settings.api_processes - 1, sock.fileno(), env)
+    others.start()
+    return others
+
+
+def _run(app, settings: Settings, sock: socket.socket,
+         on_shutdown: Callable[[], None] = lambda: None) -> None:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM."""
+    # what the imports and the app built lives as long as the process: frozen out of
+    # the cycle collector's reach, a full collection no longer walks those ~400k
+    # objects (0.2-0.5 s each on a busy machine: the p99 of the API's reads,
+    # bench/read_scaling.py)
+    gc.freeze()
+    config = uvicorn_config(app, settings, log_level="info", log_config=None,
+                            timeout_graceful_shutdown=10)
+    # uvicorn handles SIGINT/SIGTERM while it runs, then raises the signal again
+    # against the handlers it found: these no-ops let the clean-up below run and
+    # the process exit 0 after a clean shutdown.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    _Server(config, settings.url, on_shutdown).run(sockets=[sock])
+
+
+def serve_api_process(settings: Settings, fd: int) -> None:
+    """One of the other API processes (``service.api_processes``): the app without a
+    dispatcher on the inherited listening socket ``fd``, until SIGINT/SIGTERM or the end of
+    the process that started it."""
+    die_with_parent(signal.SIGTERM)
+    sock = socket.socket(fileno=fd)
+    from service.app import create_app
+
+    status_path = os.environ.get(api_processes.STATUS_ENV)
+    status = (api_processes.DispatcherStatus(Path(status_path), settings.heartbeat_timeout_s)
+              if status_path else None)
+    app = create_app(settings, dispatcher_status=status)
+    app.state.components.studies.on_queued = api_processes.wake_first_process
+    try:
+        _run(app, settings, sock)
+    finally:
+        sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,12 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.server", description=__doc__)
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
+    parser.add_argument("--api-process", type=int, metavar="FD", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    fd = args.api_process
+    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "api_process"}
     try:
         settings = Settings.from_env(**overrides)
         logs.configure(settings.log_format)
-        serve(settings)
+        if fd is not None:
+            serve_api_process(settings, fd)
+        else:
+            serve(settings)
     except ServiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

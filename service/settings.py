@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     # the API's thread pool (its synchronous routes and dependencies); its database pools
     # keep as many connections
     api_threads: int = _var("HPO_API_THREADS", 20, ge=1, le=256)
+    # API processes on the one port (service.api_processes); the first runs the dispatcher
+    api_processes: int = _var("HPO_API_PROCESSES", 1, ge=1, le=64)
     log_format: Literal["text", "json"] = _var("HPO_LOG_FORMAT", "text")
     auto_migrate: bool | None = _var("HPO_AUTO_MIGRATE", None)  # None: on SQLite only
     metrics_open: bool = _var("HPO_METRICS_OPEN", False)
@@ -144,6 +146,17 @@ class Settings(BaseSettings):
             return type(self)(**{**self.model_dump(), **changes})
         except ValidationError as e:
             raise SettingsError(_message(e)) from None
+
+    def to_env(self) -> dict[str, str]:
+        """Every setting as its environment variable (those that are ``None`` left out):
+        what :meth:`from_env` turns back into these settings."""
+        env = {}
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is not None:
+                env[field.validation_alias] = (str(value).lower() if isinstance(value, bool)
+                                               else str(value))
+        return env
 
     def worker_env(self) -> dict[str, str]:
         """The variables a study driver process needs to rebuild these settings."""
