@@ -42,7 +42,12 @@ from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.spec import StudySpec
-from hpo.storage import delete_trial_system_attrs, nondomination_ranks, trial_id_of
+from hpo.storage import (
+    delete_trial_system_attrs,
+    nondomination_ranks,
+    system_attr_keys,
+    trial_id_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +97,23 @@ def model_meta(storage: optuna.storages.BaseStorage, trial: FrozenTrial,
     return None
 
 
-def _artifact_ids(trial: FrozenTrial) -> list[str]:
-    return [key[len(ARTIFACTS_ATTR_PREFIX):] for key in trial.system_attrs
-            if key.startswith(ARTIFACTS_ATTR_PREFIX)]
-
-
 def delete_study_artifacts(storage: optuna.storages.BaseStorage, study_id: int,
                            store: FileSystemArtifactStore) -> int:
     """Remove the files of every artifact of a study and of its trials (before the study is
     deleted: its meta goes with it); a file already gone is skipped. Returns how many
-    files were removed."""
-    ids = [key[len(ARTIFACTS_ATTR_PREFIX):]
-           for key in storage.get_study_system_attrs(study_id)
-           if key.startswith(ARTIFACTS_ATTR_PREFIX)]
-    for trial in storage.get_all_trials(study_id, deepcopy=False):
-        ids += _artifact_ids(trial)
+    files were removed.
+
+    The artifacts are found by their meta's keys alone (:func:`hpo.storage.system_attr_keys`:
+    two SELECTs on ``RDBStorage``), not by reading every trial in full.
+
+    Raises:
+        KeyError: no study has id ``study_id``.
+    """
+    keys = system_attr_keys(storage, study_id, ARTIFACTS_ATTR_PREFIX)
     removed = 0
-    for artifact_id in ids:
+    for key in keys:
         with contextlib.suppress(ArtifactNotFound):
-            store.remove(artifact_id)
+            store.remove(key[len(ARTIFACTS_ATTR_PREFIX):])
             removed += 1
     return removed
 

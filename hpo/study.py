@@ -16,7 +16,7 @@ from optuna.study import StudyDirection
 from hpo.errors import StudyExistsError
 from hpo.space import build_sampler
 from hpo.spec import StudySpec, load_stored
-from hpo.storage import set_metric_names
+from hpo.storage import METRIC_NAMES_ATTR, create_study_with_attrs
 
 SPEC_ATTR = "hpo_spec"
 
@@ -52,8 +52,8 @@ def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
     """Create the Optuna study of ``spec`` with its ``hpo_spec`` attribute and its metric
     names; its storage id.
 
-    Three writes' worth of work, for a study known to be new (the service's
-    create); :func:`open_study` loads or creates and compares.
+    One transaction (:func:`hpo.storage.create_study_with_attrs`), for a study known to be
+    new (the service's create); :func:`open_study` loads or creates and compares.
 
     Raises:
         StudyExistsError: a study of that name exists (made here or anywhere else).
@@ -61,12 +61,11 @@ def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
     directions = [StudyDirection.MAXIMIZE if o.direction == "maximize"
                   else StudyDirection.MINIMIZE for o in spec.objectives]
     try:
-        study_id = storage.create_new_study(directions, spec.name)
+        return create_study_with_attrs(
+            storage, spec.name, directions, {SPEC_ATTR: spec.to_dict()},
+            {METRIC_NAMES_ATTR: metric_names(spec)})
     except optuna.exceptions.DuplicatedStudyError:
         raise StudyExistsError(f"an Optuna study named {spec.name!r} exists already") from None
-    storage.set_study_user_attr(study_id, SPEC_ATTR, spec.to_dict())
-    set_metric_names(storage, study_id, metric_names(spec))
-    return study_id
 
 
 def metric_names(spec: StudySpec) -> list[str]:

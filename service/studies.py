@@ -28,6 +28,7 @@ from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
 from hpo.models import delete_study_artifacts
 from hpo.spec import StudySpec, WarmStartStudy
+from hpo.storage import delete_study as delete_optuna_study
 from hpo.study import create_study
 from hpo.summary import StudySummary, TrialCounts, devices_held
 from hpo.warmstart import warm_start_points
@@ -315,8 +316,7 @@ class StudyService:
     def purge(self, name: str) -> None:
         """Remove a DELETING study's kept models (artifact files), Optuna study, result files
         and row."""
-        self._delete_artifacts(name)
-        self._delete_optuna_study(name)
+        self._delete_optuna_study(name, artifacts=True)
         results = (Path(self.settings.results_dir) / name).resolve()
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
             shutil.rmtree(results, ignore_errors=True)
@@ -384,14 +384,13 @@ class StudyService:
                 StudyRow.name == name, StudyRow.status.in_(from_states)).values(
                 updated_at=utcnow(), **values).returning(StudyRow)).scalar_one_or_none()
 
-    def _delete_artifacts(self, name: str) -> None:
-        """Remove the files of the study's artifacts (their meta goes with the Optuna study)."""
-        with contextlib.suppress(KeyError):
+    def _delete_optuna_study(self, name: str, *, artifacts: bool = False) -> None:
+        """Delete the Optuna study ``name`` (if any) with its trials, set-based
+        (:func:`hpo.storage.delete_study`); with ``artifacts`` first the files of its
+        artifacts (their meta goes with the study). The study's id is looked up once."""
+        with contextlib.suppress(KeyError):  # no such study, or deleted meanwhile
             study_id = self.storage.get_study_id_from_name(name)
-            store = FileSystemArtifactStore(Path(self.settings.artifacts_path).resolve())
-            delete_study_artifacts(self.storage, study_id, store)
-
-    def _delete_optuna_study(self, name: str) -> None:
-        with contextlib.suppress(KeyError):
-            self.storage.delete_study(self.storage.get_study_id_from_name(name))
-
+            if artifacts:
+                store = FileSystemArtifactStore(Path(self.settings.artifacts_path).resolve())
+                delete_study_artifacts(self.storage, study_id, store)
+            delete_optuna_study(self.storage, study_id)

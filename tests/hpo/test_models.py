@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import optuna
 import pytest
-from optuna.artifacts import download_artifact, get_all_artifact_meta
+import sqlalchemy
+from optuna.artifacts import download_artifact, get_all_artifact_meta, upload_artifact
 from optuna.trial import TrialState
 
 import trainers
@@ -19,7 +20,7 @@ from hpo.models import (
 )
 from hpo.record import StudyRecord
 from hpo.spec import parse_spec
-from hpo.storage import open_storage
+from hpo.storage import open_storage, trial_id_of
 from trainers.checkpoint import latest_checkpoint
 from trainers.model_file import evaluate_model, load_model_file
 
@@ -161,6 +162,51 @@ def test_the_kept_file_is_the_trials_model(sqlite_url, tmp_path, checkpoint):
     assert trial.state == TrialState.COMPLETE
     assert delete_study_artifacts(storage, storage.get_study_id_from_name("content"), store) == 1
     assert list((tmp_path / "a").iterdir()) == []
+
+
+def _upload(store, tmp_path, study_or_trial, storage, name: str) -> str:
+    path = tmp_path / name
+    path.write_text(name)
+    return upload_artifact(artifact_store=store, file_path=str(path),
+                           study_or_trial=study_or_trial, storage=storage)
+
+
+def _removes_study_and_trial_files_only(storage, tmp_path, name: str) -> list[str]:
+    """Artifacts of a study, of its trials and of another study's trial; the statements
+    the delete of the study's took."""
+    store = artifact_store(tmp_path / "store")
+    study = optuna.create_study(study_name=name, storage=storage)
+    other = optuna.create_study(study_name=name + "-other", storage=storage)
+    trial, other_trial = study.ask(), other.ask()
+    storage.set_trial_system_attr(trial_id_of(trial), "ARTIFACTS:not-one", "{}")  # case counts
+    ours = [_upload(store, tmp_path, study, storage, "study.txt"),
+            _upload(store, tmp_path, trial, storage, "trial.txt")]
+    theirs = _upload(store, tmp_path, other_trial, storage, "other.txt")
+    study.tell(trial, 1.0)  # a finished trial's artifacts too
+    study_id = storage.get_study_id_from_name(name)
+    statements = []
+    if isinstance(storage, optuna.storages.RDBStorage):
+        sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
+                                lambda conn, cursor, sql, *_: statements.append(sql))
+    assert delete_study_artifacts(storage, study_id, store) == 2
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [theirs]
+    assert all(not (tmp_path / "store" / a).exists() for a in ours)
+    assert delete_study_artifacts(storage, study_id, store) == 0  # files already gone
+    with pytest.raises(KeyError):
+        delete_study_artifacts(storage, 10**9, store)
+    return statements
+
+
+def test_deleting_a_studys_artifacts_removes_its_files_in_two_selects(db_url, tmp_path,
+                                                                       unique_name):
+    statements = _removes_study_and_trial_files_only(open_storage(db_url), tmp_path,
+                                                     unique_name)
+    # two deletes of the study's artifacts, then one of an unknown study's (its first only)
+    assert [sql.split()[0] for sql in statements] == ["SELECT"] * 5
+
+
+def test_deleting_a_studys_artifacts_on_other_storages(tmp_path):
+    _removes_study_and_trial_files_only(optuna.storages.InMemoryStorage(), tmp_path, "mem")
 
 
 def test_a_trial_without_checkpoint_completes_without_a_model(sqlite_url, tmp_path):
