@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import subprocess
@@ -110,29 +111,41 @@ def main() -> None:
     parser.add_argument("--api-processes", type=int, default=1,
                         help="the server's HPO_API_PROCESSES (default 1)")
     args = parser.parse_args()
-    schema = None
-    url = args.database_url
-    if url is None:
-        schema = f"load_{uuid.uuid4().hex[:8]}"
-        with sa.create_engine(PG_URL).begin() as conn:
-            conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-        url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
+    if args.database_url is not None:
+        run(args, args.database_url)
+    else:
+        with fresh_schema("load") as url:
+            run(args, url)
+
+
+@contextlib.contextmanager
+def fresh_schema(prefix: str):
+    """A PostgreSQL URL on a new schema, dropped afterwards."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with sa.create_engine(PG_URL).begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
     try:
-        run(args, url)
+        yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
     finally:
-        if schema:
-            with sa.create_engine(PG_URL).begin() as conn:
-                conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+        with sa.create_engine(PG_URL).begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
 
 
-def run(args, url: str) -> None:
+def admin_token(url: str, name: str) -> str:
+    """The service's tables on ``url`` and an admin token ``name``."""
     from service.auth import create_token
     from service.db import build_engine, create_tables, session_factory
 
     engine = build_engine(url)
     create_tables(engine)
-    token = create_token(session_factory(engine), "load", admin=True)
-    engine.dispose()
+    try:
+        return create_token(session_factory(engine), name, admin=True)
+    finally:
+        engine.dispose()
+
+
+def run(args, url: str) -> None:
+    token = admin_token(url, "load")
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"hpo-load-{os.getpid()}"
     env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_PORT": str(args.port),
            "HPO_RESULTS_DIR": str(workdir), "HPO_NUM_CPUS": "2",

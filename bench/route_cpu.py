@@ -20,12 +20,11 @@ import uuid
 from pathlib import Path
 
 import httpx
-import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from load import PG_URL, tiny  # noqa: E402
+from load import admin_token, fresh_schema, tiny  # noqa: E402
 from service_overhead import _wait_ready  # noqa: E402
 
 
@@ -39,25 +38,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=150)
     parser.add_argument("--port", type=int, default=8799)
     args = parser.parse_args()
-    schema = f"routecpu_{uuid.uuid4().hex[:8]}"
-    with sa.create_engine(PG_URL).begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
-    try:
+    with fresh_schema("routecpu") as url:
         run(args, url)
-    finally:
-        with sa.create_engine(PG_URL).begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
 
 
 def run(args, url: str) -> None:
-    from service.auth import create_token
-    from service.db import build_engine, create_tables, session_factory
-
-    engine = build_engine(url)
-    create_tables(engine)
-    token = create_token(session_factory(engine), "routecpu", admin=True)
-    engine.dispose()
+    token = admin_token(url, "routecpu")
     env = {**os.environ, "HPO_DATABASE_URL": url, "HPO_PORT": str(args.port),
            "HPO_RESULTS_DIR": f"/tmp/hpo-routecpu-{os.getpid()}", "HPO_NUM_CPUS": "2"}
     env.pop("RAY_ADDRESS", None)
