@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "HPO_PARENT_PID"
@@ -66,6 +67,18 @@ def lower_session_group(niceness: int) -> None:
     ``niceness`` (-20..19), where the kernel has autogroups; elsewhere nothing changes."""
     with contextlib.suppress(OSError), open(AUTOGROUP, "w") as f:
         f.write(str(niceness))
+
+
+def session_group_niceness() -> int | None:
+    """The niceness of this process's autogroup, or None where it is in none: a kernel
+    without autogroups, or a process in a CPU cgroup (a container's, a systemd slice's),
+    where the kernel schedules by the cgroup and ``/proc/self/autogroup`` reads empty."""
+    try:
+        fields = Path(AUTOGROUP).read_text().split()
+    except OSError:
+        return None
+    # "/autogroup-85 nice 0" (sched(7))
+    return int(fields[2]) if len(fields) == 3 and fields[1] == "nice" else None
 
 
 def parent_gone() -> bool:
