@@ -44,7 +44,7 @@ from pathlib import Path
 from hpo.errors import public_message
 from hpo.lease import LeaseColumns
 from service.db import StudyRow
-from service.process import child_env, describe_exit, stop_process
+from service.process import child_env, describe_exit, start_batch, stop_process
 from service.settings import Settings
 
 WORKER = [sys.executable, "-m", "service.worker"]
@@ -127,9 +127,8 @@ class DriverPool:
         proc = self._take_spare(f"{name} {claim} {log_path}\n")
         if proc is None:
             with open(log_path, "ab") as log_file:
-                proc = subprocess.Popen(
-                    [*WORKER, name, claim], stdin=subprocess.PIPE, stdout=log_file,
-                    stderr=subprocess.STDOUT, env=self._env(), start_new_session=True)
+                proc = start_batch([*WORKER, name, claim], stdin=subprocess.PIPE,
+                                   stdout=log_file, stderr=subprocess.STDOUT, env=self._env())
         return DriverProcess(name, claim, proc, log_path)
 
     def keep_warm(self) -> None:
@@ -137,9 +136,9 @@ class DriverPool:
         joins the cluster, says ``ready`` and waits for a study on its stdin."""
         if self.settings.warm_drivers and (self.spare is None or self.spare.poll() is not None):
             said = _Announcement()
-            self.spare = subprocess.Popen(
-                [*WORKER, "--warm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, env=self._env(), start_new_session=True)
+            self.spare = start_batch([*WORKER, "--warm"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=self._env())
             self._said = said
             threading.Thread(target=said.read, args=(self.spare,), daemon=True,
                              name="hpo-warm-driver").start()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -339,9 +340,44 @@ class OwnerQuota:
 
 def quota_of(session: Session, owner_id: int | None,
              now: dt.datetime | None = None) -> OwnerQuota:
-    """The limits and use of ``owner_id`` (``None``: studies without owner; no limits)."""
-    return OwnerQuota(limits_of(session, [owner_id])[owner_id],
-                      use_of(session, [owner_id], now)[owner_id])
+    """The limits and use of ``owner_id`` (``None``: studies without owner; no limits), as
+    :func:`limits_of` and :func:`use_of` give them, in one statement built once (every read
+    of a study shows its owner's quota: three statements built per call were a fifth of a
+    read's CPU under ``bench/load.py``)."""
+    now = now or utcnow()
+    rows = session.connection().execute(_quota_statement(owner_id is None),
+                                        {"owner": owner_id, "since": now - WINDOW}).all()
+    first = rows[0]
+    limits = Limits() if owner_id is None or first.has_quota is None else Limits(
+        **{k: getattr(first, k) for k in LIMITS})
+    held = [r for r in rows if r.started_at is not None]
+    running = sum(max(0.0, (now - r.started_at).total_seconds()) * r.devices for r in held)
+    return OwnerQuota(limits, Use(
+        running_trials=len(held), gpus=sum(r.gpus for r in held),
+        device_seconds_24h=float(first.day or 0.0) + running,
+        device_seconds_total=float(first.total or 0.0) + running))
+
+
+@functools.cache
+def _quota_statement(no_owner: bool) -> sa.Select:
+    """One row per trial slot the owner (``:owner``, or none) holds, at least one, each with
+    its quota's limits and its device-seconds ended since ``:since`` and ever."""
+    def owner_is(column):
+        return column.is_(None) if no_owner else column == sa.bindparam("owner")
+
+    one = sa.select(sa.literal(1).label("one")).subquery("one")
+    ended = sa.case((UsageEventRow.ended_at >= sa.bindparam("since"),
+                     UsageEventRow.device_seconds), else_=0.0)
+    events = sa.select(sa.func.sum(ended).label("day"),
+                       sa.func.sum(UsageEventRow.device_seconds).label("total")) \
+        .where(owner_is(UsageEventRow.owner_id)).subquery("events")
+    return (sa.select(QuotaRow.owner_id.label("has_quota"),
+                      *(getattr(QuotaRow, k) for k in LIMITS), events.c.day, events.c.total,
+                      TrialSlotRow.gpus, TrialSlotRow.devices, TrialSlotRow.started_at)
+            .select_from(one)
+            .outerjoin(QuotaRow, owner_is(QuotaRow.owner_id))
+            .outerjoin(events, sa.true())
+            .outerjoin(TrialSlotRow, owner_is(TrialSlotRow.owner_id)))
 
 
 def owners_report(session: Session, now: dt.datetime | None = None

@@ -234,7 +234,10 @@ def serve_api_process(settings: Settings, fd: int) -> None:
     from service.app import create_app
 
     status_path = os.environ.get(api_processes.STATUS_ENV)
-    status = (api_processes.DispatcherStatus(Path(status_path), settings.heartbeat_timeout_s)
+    # the first process publishes after each round: rounds come at least every
+    # dispatch_interval_s (a wake brings one sooner), so its state is stale only past that
+    stale_after_s = settings.dispatch_interval_s + settings.heartbeat_timeout_s
+    status = (api_processes.DispatcherStatus(Path(status_path), stale_after_s)
               if status_path else None)
     app = create_app(settings, dispatcher_status=status)
     app.state.components.studies.on_queued = api_processes.wake_first_process

@@ -38,7 +38,7 @@ from hpo.spec import load_stored
 from service import logs
 from service.db import Status, StudyRow, TokenRow, build_engine, session_factory, utcnow
 from service.driver_process import CLAIMS, wait_for_study, watch_for_interrupt
-from service.process import die_with_parent, lower_priority, parent_gone
+from service.process import die_with_parent, parent_gone
 from service.quotas import QuotaGate
 from service.settings import Settings
 from service.summaries import summary_tracker
@@ -153,8 +153,7 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
 def main(argv: list[str] | None = None) -> int:
     """``python -m service.worker NAME CLAIM``, or ``--warm`` to wait for a study on stdin."""
     args = sys.argv[1:] if argv is None else argv
-    die_with_parent()
-    lower_priority()
+    die_with_parent()  # its priority: lowered by the dispatcher (service.process.start_batch)
     if args == ["--warm"]:
         args = wait_for_study()
         if args is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import subprocess
 import sys
@@ -343,3 +344,34 @@ def test_a_warm_driver_whose_cluster_went_away_starts_afresh_and_fails_the_study
     if driver.proc is spare:  # (Ray may also end a driver whose cluster died: then a cold one)
         assert "is stale" in driver.log_path.read_text()
     d.shutdown(grace_s=5)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_burst_of_wakes_gets_one_round_per_gap_and_every_study_is_claimed(world):
+    """Each create wakes the dispatcher; a burst of wakes within ``MIN_ROUND_GAP_S`` runs
+    one more round, not one each, and the round after the burst claims what it queued."""
+    from service import dispatcher as dispatcher_module
+
+    app, submit, dispatcher = world
+    d = dispatcher(dispatch_interval_s=30.0, max_running_studies=5)
+    rounds: list[float] = []  # when each round started
+    run_once = d.run_once
+    d.run_once = lambda: (rounds.append(time.monotonic()), run_once())
+    d.start()
+    try:
+        while not rounds:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        for i in range(4):  # 4 creates, each waking it, within about 0.1 s
+            submit(f"b{i}")
+            d.wake()
+        deadline = time.monotonic() + 30
+        while len(d.drivers) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        elapsed = time.monotonic() - t0
+        assert sorted(d.drivers) == ["b0", "b1", "b2", "b3"]
+        gaps = [b - a for a, b in itertools.pairwise(rounds)]
+        assert all(g >= dispatcher_module.MIN_ROUND_GAP_S for g in gaps), gaps
+        assert len(rounds) - 1 <= elapsed / dispatcher_module.MIN_ROUND_GAP_S + 1
+    finally:
+        d.shutdown(grace_s=5)

@@ -58,3 +58,19 @@ def test_the_group_niceness_reads_none_where_the_file_is_empty_or_missing(tmp_pa
     monkeypatch.setattr(process, "AUTOGROUP", str(tmp_path / "none" / "autogroup"))
     assert process.session_group_niceness() is None
     process.lower_session_group(5)       # nothing to write to: no error
+
+
+def test_a_batch_child_runs_lowered_from_its_start():
+    """``start_batch`` lowers the child from the parent, before the child's imports."""
+    from service.process import start_batch
+    probe = ("import os; from service.process import session_group_niceness; "
+             "print(os.getpriority(os.PRIO_PROCESS, 0), os.getsid(0) == os.getpid(), "
+             "session_group_niceness())")
+    proc = start_batch([sys.executable, "-c", probe], niceness=6, stdout=subprocess.PIPE,
+                       text=True, cwd=Path(__file__).resolve().parents[2])
+    out, _ = proc.communicate(timeout=60)
+    nice, leader, group = out.split()
+    assert int(nice) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 6)
+    assert leader == "True"
+    # in an autogroup of its own, lowered, where it is in one (a CPU cgroup's process is not)
+    assert group in (("None", "6") if session_group_niceness() is None else ("6",))

@@ -466,3 +466,32 @@ def test_a_study_waiting_for_its_quota_gives_its_driver_up_to_a_queued_study(w, 
     row = w.row("a-wait")
     assert row.status == Status.QUEUED
     assert row.waiting_for == "quota device_seconds_per_day: 20 of 10 used in the last 24 h"
+
+
+def test_one_owners_quota_in_one_statement_equals_the_grouped_reads(w):
+    """``quota_of`` (one statement, for study reads) gives what ``limits_of`` and ``use_of``
+    give, for an owner with a quota, slots and events, one with none, and no owner."""
+    now = utcnow().replace(microsecond=0)
+    w.quota("alice", max_running_trials=3, max_gpus=2.0, device_seconds_total=1e6)
+    a = w.running("alice", "a")
+    assert a.acquire("t1", GPU) and a.acquire("t2", CPU)
+    w.use_event("alice", 500.0, hours_ago=25)
+    w.use_event("alice", 60.0, hours_ago=2)
+    with w.sessions.begin() as s:
+        s.execute(sa.update(TrialSlotRow).where(TrialSlotRow.trial == "t1")
+                  .values(started_at=now - dt.timedelta(seconds=20)))
+        s.execute(sa.update(TrialSlotRow).where(TrialSlotRow.trial == "t2")
+                  .values(started_at=now - dt.timedelta(seconds=7), devices=2.0))
+        s.add(UsageEventRow(owner_id=None, device_seconds=9.0, ended_at=now))
+    with w.sessions() as s:
+        for owner in (w.owner("alice"), w.owner("bob"), None):
+            expected = quotas.OwnerQuota(quotas.limits_of(s, [owner])[owner],
+                                         quotas.use_of(s, [owner], now)[owner])
+            assert quotas.quota_of(s, owner, now) == expected
+        assert quotas.quota_of(s, w.owner("alice"), now) == quotas.OwnerQuota(
+            Limits(max_running_trials=3, max_gpus=2.0, device_seconds_total=1e6),
+            Use(running_trials=2, gpus=1.0, device_seconds_24h=60.0 + 20.0 + 14.0,
+                device_seconds_total=560.0 + 34.0))
+        assert quotas.quota_of(s, None, now) == quotas.OwnerQuota(
+            Limits(), Use(device_seconds_24h=9.0, device_seconds_total=9.0))
+        assert quotas.quota_of(s, w.owner("bob"), now) == quotas.OwnerQuota(Limits(), Use())
