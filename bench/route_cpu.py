@@ -11,6 +11,7 @@ about the API's cores over its CPU per request.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import subprocess
@@ -61,16 +62,16 @@ def run(args, url: str) -> None:
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
                           timeout=60) as http:
             for op, make in ops:
-                walls = []
+                walls, codes = [], collections.Counter()
                 c0 = cpu_s(server.pid)
                 for n in names:
                     method, path, kw = make(n)
                     t0 = time.perf_counter()
-                    http.request(method, path, **kw)
+                    codes[http.request(method, path, **kw).status_code] += 1
                     walls.append(time.perf_counter() - t0)
                 cpu = (cpu_s(server.pid) - c0) / len(names)
                 print(f"{op:8} CPU {1e3 * cpu:6.1f} ms/request   wall p50 "
-                      f"{1e3 * statistics.median(walls):6.1f} ms")
+                      f"{1e3 * statistics.median(walls):6.1f} ms   answers {dict(codes)}")
     finally:
         server.terminate()
         server.wait(120)
