@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import shutil
 import time
@@ -56,6 +57,16 @@ class StudyView:
     best: list[FrozenTrial]
     device_seconds: float
     quota: OwnerQuota | None = None  # its owner's limits and use (a read of one study)
+
+
+@functools.cache
+def _visible_study(scoped: bool) -> sa.Select:
+    """The visible study ``:name`` and its owner's name; ``scoped``: only if ``:owner``
+    owns it (built once: every read, stop and delete looks its study up)."""
+    where = [StudyRow.name == sa.bindparam("name"), StudyRow.status.in_(VISIBLE)]
+    if scoped:
+        where.append(StudyRow.owner_id == sa.bindparam("owner"))
+    return sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow).where(*where)
 
 
 class StudyService:
@@ -293,9 +304,16 @@ class StudyService:
             StudyConflict: the study has already ended.
         """
         _, owner = self._get(who, name, read=False)
-        row = (self._transition(name, (Status.QUEUED,), status=Status.STOPPED,
-                                stop_requested=True, ended_at=utcnow(), waiting_for=None)
-               or self._transition(name, (Status.RUNNING,), stop_requested=True))
+        # one guarded UPDATE for both: a QUEUED study ends STOPPED, a RUNNING one is asked
+        # (SET's expressions see the row as it was)
+        queued = StudyRow.status == Status.QUEUED
+        row = self._transition(
+            name, (Status.QUEUED, Status.RUNNING), stop_requested=True,
+            status=sa.case((queued, sa.literal(Status.STOPPED, StudyRow.status.type)),
+                           else_=StudyRow.status),
+            ended_at=sa.case((queued, sa.literal(utcnow(), StudyRow.ended_at.type)),
+                             else_=StudyRow.ended_at),
+            waiting_for=sa.case((queued, sa.null()), else_=StudyRow.waiting_for))
         if row is None:
             row, _ = self._get(who, name, read=False)
             raise StudyConflict(f"study {name!r} has already ended ({row.status})")
@@ -338,11 +356,10 @@ class StudyService:
         return [StudyRow.owner_id == who.token_id]
 
     def _get(self, who: Principal, name: str, *, read: bool) -> tuple[StudyRow, str | None]:
+        scoped = bool(self._scope(who, read))
         with self.sessions() as session:
-            found = session.execute(
-                sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow)
-                .where(StudyRow.name == name, StudyRow.status.in_(VISIBLE),
-                       *self._scope(who, read))).first()
+            found = session.execute(_visible_study(scoped),
+                                    {"name": name, "owner": who.token_id}).first()
         if found is None:
             raise self._absent(who, name, read=read)
         return found[0], found[1]

@@ -11,7 +11,10 @@ import sqlalchemy as sa
 import yaml
 from fastapi.testclient import TestClient
 
+from service.app import create_app
+from service.auth import create_token
 from service.db import Status, StudyRow
+from service.settings import Settings
 from tests.hpo.test_spec import INVALID
 from tests.service.conftest import bearer, record_summary, tiny_spec
 
@@ -268,6 +271,33 @@ def test_stop_of_a_running_study_asks_its_driver(client, tokens, app):
     r = client.post("/v1/studies/r/stop", headers=h)
     assert r.status_code == 202
     assert r.json()["status"] == "RUNNING" and r.json()["stop_requested"] is True
+
+
+def test_stop_in_one_update_changes_only_what_each_status_asks(db_url, tmp_path):
+    """A queued study waiting for its quota ends STOPPED, no longer waiting; a running one
+    keeps its status, its wait and no end until its driver ends it (SQLite and PostgreSQL)."""
+    app = create_app(Settings(database_url=db_url, results_dir=tmp_path / "results",
+                              run_dispatcher=False))
+    with TestClient(app) as client:
+        _stop_both(app, client, bearer(create_token(app.state.components.sessions, "alice")))
+
+
+def _stop_both(app, client, h) -> None:
+    for name in ("wq", "wr"):
+        client.post("/v1/studies", json=tiny_spec(name), headers=h)
+    with app.state.components.sessions.begin() as session:
+        session.execute(sa.update(StudyRow).values(waiting_for="quota max_gpus"))
+    _set_status(app, "wr", Status.RUNNING)
+    queued = client.post("/v1/studies/wq/stop", headers=h).json()
+    running = client.post("/v1/studies/wr/stop", headers=h).json()
+    with app.state.components.sessions() as session:
+        rows = {r.name: r for r in session.execute(sa.select(StudyRow)).scalars()}
+    assert (rows["wq"].status, rows["wq"].stop_requested, rows["wq"].waiting_for) == \
+        (Status.STOPPED, True, None)
+    assert rows["wq"].ended_at is not None and queued["status"] == "STOPPED"
+    assert (rows["wr"].status, rows["wr"].stop_requested, rows["wr"].waiting_for,
+            rows["wr"].ended_at) == (Status.RUNNING, True, "quota max_gpus", None)
+    assert running["status"] == "RUNNING" and running["ended_at"] is None
 
 
 def _set_status(app, name: str, status: Status) -> None:
