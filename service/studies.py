@@ -208,15 +208,16 @@ class StudyService:
         with self.sessions() as session:
             total = session.execute(sa.select(sa.func.count()).select_from(StudyRow)
                                     .where(*where)).scalar_one()
+            # each row with its owner's name and its summary, if kept: one statement
             rows = session.execute(
-                sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow)
+                sa.select(StudyRow, TokenRow.name, SummaryRow.summary).outerjoin(TokenRow)
+                .outerjoin(SummaryRow, SummaryRow.study_id == StudyRow.id)
                 .where(*where).order_by(StudyRow.created_at.desc(), StudyRow.id.desc())
                 .offset(offset).limit(limit)).all()
-            kept = read_summaries(session, [row.id for row, _ in rows])
         views = []
-        for row, owner in rows:
-            summary = kept.get(row.id) or (self._summary_once(row) if row.status in ENDED
-                                           else None)
+        for row, owner, kept in rows:
+            summary = (StudySummary.from_json(kept) if kept is not None
+                       else self._summary_once(row) if row.status in ENDED else None)
             counts = summary.counts if summary else TrialCounts()
             views.append(StudyView(row, owner, counts, None, [], 0.0))
         return views, total
