@@ -321,18 +321,35 @@ def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
     another column), this falls back to Optuna's ``delete_study``
     (:func:`study_delete_statements`). Other storages: their ``delete_study``.
 
+    A row a concurrent writer commits between two of the DELETEs (a trial after the
+    trials' DELETE: PostgreSQL's READ COMMITTED sees it at the study's DELETE, a foreign-key
+    violation) rolls the transaction back; it is tried again, ``DELETE_TRIES`` times in all.
+
     Raises:
         KeyError: no study has id ``study_id`` (nothing is deleted).
+        hpo.errors.StorageError: rows kept being added while it deleted (nothing is
+            deleted).
     """
     statements = study_delete_statements(models.BaseModel.metadata)
     if not isinstance(storage, optuna.storages.RDBStorage) or statements is None:
         storage.delete_study(study_id)
         return
-    with _create_scoped_session(storage.scoped_session) as session:
-        for statement in statements:
-            result = session.execute(statement, {"study_id": study_id})
-        if result.rowcount == 0:  # the last statement deletes the study itself
-            raise KeyError(f"no study with study_id {study_id} exists")
+    for attempt in range(DELETE_TRIES):
+        try:
+            with _create_scoped_session(storage.scoped_session) as session:
+                for statement in statements:
+                    result = session.execute(statement, {"study_id": study_id})
+                if result.rowcount == 0:  # the last statement deletes the study itself
+                    raise KeyError(f"no study with study_id {study_id} exists")
+            return
+        except sqlalchemy.exc.IntegrityError:
+            if attempt == DELETE_TRIES - 1:
+                raise StorageError(f"study {study_id} was not deleted: rows were added to "
+                                   "it while it was being deleted; try again") from None
+            time.sleep(0.05 * (attempt + 1))
+
+
+DELETE_TRIES = 3
 
 
 @functools.cache

@@ -48,6 +48,7 @@ from hpo.lease import holder_gone, take, while_held
 from service import quotas
 from service.db import Status, StudyRow, TrialSlotRow, utcnow
 from service.driver_process import CLAIMS, DriverPool, DriverProcess
+from service.process import describe_exit
 from service.settings import Settings
 from service.studies import StudyService
 
@@ -302,20 +303,30 @@ class Dispatcher:
     # -- reaping -----------------------------------------------------------------------
 
     def reap(self) -> None:
-        """Forget drivers that exited; fail the study of one that exited without ending it."""
+        """Forget drivers that exited; fail the study of one that exited without ending it,
+        except at shutdown: a driver stopped then (one still importing when the grace ran
+        out) puts its study back in the queue, as an interrupted one does, keeping its stop
+        request, and the next start resumes its trials (or stops them, if asked)."""
+        shutting_down = self._stop.is_set()
         for name, driver in list(self.drivers.items()):
             if driver.exit_code() is None:
                 continue
             del self.drivers[name]
             driver.close()
             reason = driver.exit_reason()
+            values = ({StudyRow.status: Status.QUEUED, StudyRow.claimed_by: None,
+                       StudyRow.waiting_for: None} if shutting_down else
+                      {StudyRow.status: Status.FAILED, StudyRow.error: reason,
+                       StudyRow.ended_at: utcnow()})
             with self.sessions.begin() as session:
-                failed = while_held(session, CLAIMS, name, driver.claim,
-                                    guards=[StudyRow.status == Status.RUNNING], values={
-                                        StudyRow.status: Status.FAILED, StudyRow.error: reason,
-                                        StudyRow.ended_at: utcnow(),
-                                        StudyRow.updated_at: utcnow()})
-            if failed is not None:  # the service's log keeps the whole tail
+                ended = while_held(session, CLAIMS, name, driver.claim,
+                                   guards=[StudyRow.status == Status.RUNNING],
+                                   values={**values, StudyRow.updated_at: utcnow()})
+            if ended is not None and shutting_down:
+                log.warning("study %s: its driver was stopped at shutdown before it requeued "
+                            "the study (%s): queued again", name,
+                            describe_exit(driver.proc.returncode))
+            elif ended is not None:  # the service's log keeps the whole tail
                 log.error("study %s: %s; last lines of %s:\n%s", name, reason, driver.log_path,
                           driver.log_tail())
 

@@ -10,6 +10,7 @@ import sqlalchemy
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+import hpo.errors
 import hpo.storage
 from hpo.storage import (
     METRIC_NAMES_ATTR,
@@ -249,3 +250,49 @@ def test_a_table_referencing_a_study_through_another_table_falls_back():
     unrelated = _copy_with({"notes": [sqlalchemy.Column(
         "version", sqlalchemy.ForeignKey("version_info.version_info_id"))]})
     assert len(study_delete_statements(unrelated)) == 11
+
+
+def _trial_added_after_the_trials_delete(storage, study_id: int, times: int) -> list[int]:
+    """Each of the first ``times`` DELETEs of ``trials`` is followed, before the study's own
+    DELETE, by a trial of the study committed by another connection: a concurrent writer.
+    The ids of the trials so added."""
+    added: list[int] = []
+    writer = optuna.storages.RDBStorage(storage.url)  # its own engine and sessions
+
+    def after(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("DELETE FROM TRIALS") and len(added) < times:
+            added.append(writer.create_new_trial(study_id))
+
+    sqlalchemy.event.listen(storage.engine, "after_cursor_execute", after)
+    return added
+
+
+def test_a_trial_committed_during_the_delete_is_deleted_too(pg_url, unique_name):
+    """PostgreSQL: a trial committed between the trials' DELETE and the study's violated the
+    foreign key and failed the delete (a 500 through the API); the delete is tried again."""
+    storage = open_storage(pg_url)
+    study_id = storage.create_new_study([StudyDirection.MINIMIZE], unique_name)
+    storage.create_new_trial(study_id)
+    added = _trial_added_after_the_trials_delete(storage, study_id, times=1)
+    delete_study(storage, study_id)
+    assert len(added) == 1
+    with storage.engine.connect() as conn:
+        left = conn.execute(sqlalchemy.select(sqlalchemy.func.count()).select_from(
+            orm_models().TrialModel).where(orm_models().TrialModel.study_id == study_id))
+        assert left.scalar_one() == 0
+    with pytest.raises(KeyError):
+        storage.get_study_id_from_name(unique_name)
+
+
+def test_a_delete_outrun_by_writers_every_time_deletes_nothing_and_says_so(pg_url,
+                                                                        unique_name):
+    storage = open_storage(pg_url)
+    study_id = storage.create_new_study([StudyDirection.MINIMIZE], unique_name)
+    storage.create_new_trial(study_id)
+    added = _trial_added_after_the_trials_delete(storage, study_id, times=hpo.storage.DELETE_TRIES)
+    with pytest.raises(hpo.errors.StorageError, match="rows were added to it while it was "
+                                                      "being deleted; try again"):
+        delete_study(storage, study_id)
+    assert len(added) == hpo.storage.DELETE_TRIES
+    assert len(storage.get_all_trials(study_id)) == 1 + hpo.storage.DELETE_TRIES
+    assert storage.get_study_id_from_name(unique_name) == study_id

@@ -375,3 +375,28 @@ def test_a_burst_of_wakes_gets_one_round_per_gap_and_every_study_is_claimed(worl
         assert len(rounds) - 1 <= elapsed / dispatcher_module.MIN_ROUND_GAP_S + 1
     finally:
         d.shutdown(grace_s=5)
+
+
+def test_drivers_stopped_at_shutdown_before_they_requeue_put_their_studies_back(world):
+    """A driver that does not requeue its study within the grace (still importing, on a
+    loaded machine) is stopped; its study goes back to QUEUED with its stop request, never
+    FAILED, and the next round claims it again."""
+    app, submit, dispatcher = world
+    submit("s1", "s2")
+    d = dispatcher()
+    d.run_once()  # the sleeping "drivers" ignore the interrupt
+    assert sorted(d.drivers) == ["s1", "s2"]
+    with app.state.components.sessions.begin() as session:
+        session.execute(sa.update(StudyRow).where(StudyRow.name == "s2")
+                        .values(stop_requested=True, waiting_for="quota max_gpus"))
+    procs = [driver.proc for driver in d.drivers.values()]
+    d.shutdown(grace_s=0.2)
+    assert all(p.returncode is not None for p in procs) and not d.drivers
+    rows = _rows(app)
+    assert {n: (r.status, r.claimed_by, r.error, r.ended_at, r.stop_requested, r.waiting_for)
+            for n, r in rows.items()} == {
+        "s1": (Status.QUEUED, None, None, None, False, None),
+        "s2": (Status.QUEUED, None, None, None, True, None)}
+    again = dispatcher()
+    again.run_once()
+    assert sorted(again.started) == ["s1", "s2"]
