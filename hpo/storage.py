@@ -1,10 +1,6 @@
 """The Optuna storage: SQLite (embedded default) or PostgreSQL, both through ``RDBStorage``.
 
-SQLite is opened in WAL mode with a busy timeout, so that concurrent trials'
-writes and a dashboard reading the same file wait for each other instead of
-failing with "database is locked" (optuna#820, optuna-dashboard#545). WAL is a
-property of the database file and is set once, before Optuna's engine opens it;
-the busy timeout (``connect_args``) and ``synchronous=NORMAL`` are per connection.
+SQLite is opened in WAL mode with a busy timeout (``hpo.engines``, which says why).
 
 The one module that uses Optuna's private names (``hpo.pinned``): change
 ``OPTUNA_VERSION`` only after checking each of them against the new Optuna.
@@ -17,7 +13,6 @@ import json
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import optuna
@@ -31,8 +26,8 @@ from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.study import StudyDirection
 from optuna.study._multi_objective import _is_pareto_front
 from optuna.study.study import _SYSTEM_ATTR_METRIC_NAMES
-from sqlalchemy.engine import make_url
 
+from hpo.engines import engine_kwargs, prepare_sqlite, redact, sqlite_path, sync_normal
 from hpo.errors import StorageError
 from hpo.pinned import require
 
@@ -40,87 +35,7 @@ OPTUNA_VERSION = "5.0.0"
 
 require("Optuna", optuna.__version__, OPTUNA_VERSION, __name__)
 
-SQLITE_BUSY_TIMEOUT_S = 60.0
 DEFAULT_STORAGE_URL = "sqlite:///hpo.db"
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URL, or ``None`` (other backends, in-memory)."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(parsed.database)
-
-
-def prepare_sqlite(path: Path) -> None:
-    """Create the file's directory and switch the database to WAL mode."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S)
-    try:
-        mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            raise StorageError(f"cannot switch {path} to WAL mode (got {mode})")
-    finally:
-        con.close()
-
-
-def _sync_normal(engine: sqlalchemy.engine.Engine) -> None:
-    """``synchronous=NORMAL`` on every connection: in WAL mode a commit then needs no
-    fsync; a crashed process loses nothing, a power cut at most the last commits, and
-    the file is never corrupted (SQLite's documentation of WAL). About 1/3 faster writes.
-    """
-    sqlalchemy.event.listen(engine, "connect",
-                            lambda con, _: con.execute("PRAGMA synchronous=NORMAL"))
-    engine.dispose()  # connections Optuna opened while creating its tables get it too
-
-
-def engine_kwargs(url: str, pre_ping: bool = True) -> dict:
-    """SQLAlchemy engine options for ``url``: the busy timeout on SQLite; on a server database
-    ``pool_pre_ping`` unless ``pre_ping`` is false (then check connections with
-    :func:`ping_when_idle`). Statement parameters are left out of error messages and logs
-    (``hide_parameters``): they include token hashes and specs."""
-    if make_url(url).get_backend_name() == "sqlite":
-        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}, "hide_parameters": True}
-    return {"pool_pre_ping": pre_ping, "hide_parameters": True}
-
-
-PING_AFTER_IDLE_S = 10.0
-
-
-def ping_when_idle(engine: sqlalchemy.Engine, idle_s: float = PING_AFTER_IDLE_S) -> None:
-    """Check a pooled connection of ``engine`` (not SQLite's) before use when it has been
-    idle in the pool ``idle_s`` seconds or more; a dead one is replaced before the caller
-    sees it. SQLAlchemy's ``pool_pre_ping`` pings at every checkout: a round trip to the
-    server per transaction, about 15 % of the API's request time under bench/load.py on
-    PostgreSQL. A connection lost while in busy use (the server restarted within
-    ``idle_s``) fails its next statement instead, and SQLAlchemy then drops every pooled
-    connection of that time (its disconnect handling), so that the next one is new. For the
-    service's own engine (a request that fails so answers 503 once); Optuna's storage keeps
-    ``pool_pre_ping``, because a study driver's record write that failed once would fail a
-    trial or the study.
-
-    Args:
-        engine: a SQLAlchemy engine.
-        idle_s: seconds, >= 0 (0: ping at every checkout, as ``pool_pre_ping``).
-    """
-    if engine.dialect.name == "sqlite":
-        return
-
-    @sqlalchemy.event.listens_for(engine, "checkin")
-    def _checked_in(dbapi_connection, record) -> None:
-        record.info["hpo_idle_since"] = time.monotonic()
-
-    @sqlalchemy.event.listens_for(engine, "checkout")
-    def _checked_out(dbapi_connection, record, proxy) -> None:
-        since = record.info.get("hpo_idle_since")
-        if since is not None and time.monotonic() - since < idle_s:
-            return
-        try:
-            alive = engine.dialect.do_ping(dbapi_connection)
-        except Exception:  # noqa: BLE001 - any failure: the pool retries with a new one
-            alive = False
-        if not alive:
-            raise sqlalchemy.exc.DisconnectionError("a pooled connection did not answer")
 
 
 def open_storage(url: str = DEFAULT_STORAGE_URL,
@@ -145,21 +60,13 @@ def open_storage(url: str = DEFAULT_STORAGE_URL,
             kwargs.update(pool_size=pool_size, max_overflow=10)
         storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         if path is not None:
-            _sync_normal(storage.engine)
+            sync_normal(storage.engine)
         return storage
     except StorageError:
         raise
     except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, ValueError, OSError,
             ImportError) as e:  # ImportError: the URL's database driver is not installed
         raise StorageError(f"cannot open storage {redact(url)}: {e}") from e
-
-
-def redact(url: str) -> str:
-    """``url`` with any password hidden, for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except sqlalchemy.exc.ArgumentError:
-        return "<invalid URL>"
 
 
 def trial_id_of(trial: optuna.Trial) -> int:

@@ -105,7 +105,7 @@ def db_upgrade() -> None:
 
 def db_current() -> None:
     """The revision of the service's tables (none: not created yet) and the newest one."""
-    from hpo.storage import redact
+    from hpo.engines import redact
     from service import migrate
 
     settings = _settings()
@@ -127,7 +127,7 @@ def _error(e: Exception | str, code: int) -> NoReturn:
 
 def _missing_database(settings) -> str | None:
     """``no database at PATH (HPO_DATABASE_URL)`` when the SQLite file does not exist."""
-    from hpo.storage import sqlite_path
+    from hpo.engines import sqlite_path
 
     path = sqlite_path(settings.database_url)
     if path is not None and not path.exists():

@@ -23,7 +23,7 @@ import enum
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from hpo.storage import engine_kwargs, ping_when_idle, prepare_sqlite, sqlite_path
+from hpo.engines import engine_kwargs, ping_when_idle, prepare_sqlite, sqlite_path
 
 
 class Status(enum.StrEnum):

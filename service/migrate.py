@@ -30,7 +30,7 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from hpo.storage import sqlite_path
+from hpo.engines import sqlite_path
 from service.errors import ServiceError
 
 VERSION_TABLE = "hpo_alembic_version"

@@ -13,8 +13,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from hpo.engines import engine_kwargs
 from hpo.lease import STALE_AFTER_S, acquire, create_table, holder_gone, read, release, renew
-from hpo.storage import engine_kwargs
 
 HOST = socket.gethostname()
 

@@ -9,8 +9,9 @@ import traceback
 import optuna
 import pytest
 
+from hpo.engines import redact, sqlite_path
 from hpo.errors import StorageError
-from hpo.storage import open_storage, redact, set_trial_user_attrs, sqlite_path, trial_id_of
+from hpo.storage import open_storage, set_trial_user_attrs, trial_id_of
 
 
 def test_sqlite_is_opened_in_wal_mode_with_a_busy_timeout(tmp_path):

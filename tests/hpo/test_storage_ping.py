@@ -1,4 +1,4 @@
-"""hpo.storage.ping_when_idle: a pooled PostgreSQL connection is pinged only after it sat idle,
+"""hpo.engines.ping_when_idle: a pooled PostgreSQL connection is pinged only after it sat idle,
 and a dead one is replaced before use then; one lost while busy fails once, then the pool is
 new."""
 
@@ -9,7 +9,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from hpo.storage import engine_kwargs, open_storage, ping_when_idle
+from hpo.engines import engine_kwargs, ping_when_idle
+from hpo.storage import open_storage
 
 
 def _engine(url: str, idle_s: float, pings: list) -> sa.Engine:
