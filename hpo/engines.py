@@ -1,6 +1,6 @@
 """SQLAlchemy engines of the databases: the Optuna storage's (``hpo.storage``) and the
-service's own (``service.db``). SQLite in WAL mode with a busy timeout and
-``synchronous=NORMAL``; server databases checked before use only after sitting idle.
+service's own (``service.db``); server databases are checked before use only after
+sitting idle (:func:`ping_when_idle`).
 
 SQLite is opened in WAL mode with a busy timeout, so that concurrent trials'
 writes and a dashboard reading the same file wait for each other instead of

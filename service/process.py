@@ -53,10 +53,18 @@ def lower_priority(niceness: int = BATCH_NICENESS) -> None:
     feature"; seen under ``bench/load.py``). A process in its parent's session leaves the
     group alone, which would lower its parent too.
     """
+    _lower(0, niceness)
+
+
+def _lower(pid: int, niceness: int) -> None:
+    """Process ``pid`` (0: this one) ``niceness`` steps lower (at most 19), and its
+    session's autogroup to ``niceness`` if it leads its session; nothing where it may not,
+    or is already gone."""
     with contextlib.suppress(OSError):
-        os.nice(niceness)
-    if os.getsid(0) == os.getpid():
-        lower_session_group(niceness)
+        os.setpriority(os.PRIO_PROCESS, pid,
+                       min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
+        if os.getsid(pid) == (pid or os.getpid()):
+            lower_session_group(niceness, pid or None)
 
 
 AUTOGROUP = "/proc/self/autogroup"
@@ -78,10 +86,7 @@ def start_batch(argv: list[str], niceness: int = BATCH_NICENESS, **popen) -> sub
     Optuna before it could lower itself, and spent them at the API's priority (seen under
     ``bench/load.py``, a driver importing at 60 % of a core). ``popen`` goes to Popen."""
     proc = subprocess.Popen(argv, start_new_session=True, **popen)
-    with contextlib.suppress(OSError):  # the child may already be gone
-        os.setpriority(os.PRIO_PROCESS, proc.pid,
-                       min(19, os.getpriority(os.PRIO_PROCESS, 0) + niceness))
-        lower_session_group(niceness, proc.pid)
+    _lower(proc.pid, niceness)  # it starts at this process's priority
     return proc
 
 

@@ -136,15 +136,17 @@ def use_of(session: Session, owner_ids: Iterable[int | None],
         sa.select(UsageEventRow.owner_id, sa.func.sum(ended),
                   sa.func.sum(UsageEventRow.device_seconds))
         .where(event_owner).group_by(UsageEventRow.owner_id))}
-    out = {}
-    for owner in owners:
-        held = [s for s in slots if s.owner_id == owner]
-        running = sum(max(0.0, (now - s.started_at).total_seconds()) * s.devices for s in held)
-        day, total = events.get(owner, (0.0, 0.0))
-        out[owner] = Use(running_trials=len(held), gpus=sum(s.gpus for s in held),
-                         device_seconds_24h=float(day) + running,
-                         device_seconds_total=float(total) + running)
-    return out
+    return {owner: _use([s for s in slots if s.owner_id == owner],
+                        *events.get(owner, (0.0, 0.0)), now) for owner in owners}
+
+
+def _use(held: Sequence[Any], day: float, total: float, now: dt.datetime) -> Use:
+    """The use of an owner holding the slots ``held`` (rows with ``gpus``, ``devices`` and
+    ``started_at``), with ``day`` and ``total`` device-seconds of its ended trials."""
+    running = sum(max(0.0, (now - s.started_at).total_seconds()) * s.devices for s in held)
+    return Use(running_trials=len(held), gpus=sum(s.gpus for s in held),
+               device_seconds_24h=float(day) + running,
+               device_seconds_total=float(total) + running)
 
 
 def _lock_quota(session: Session, owner_id: int | None) -> None:
@@ -348,14 +350,10 @@ def quota_of(session: Session, owner_id: int | None,
     rows = session.connection().execute(_quota_statement(owner_id is None),
                                         {"owner": owner_id, "since": now - WINDOW}).all()
     first = rows[0]
-    limits = Limits() if owner_id is None or first.has_quota is None else Limits(
-        **{k: getattr(first, k) for k in LIMITS})
-    held = [r for r in rows if r.started_at is not None]
-    running = sum(max(0.0, (now - r.started_at).total_seconds()) * r.devices for r in held)
-    return OwnerQuota(limits, Use(
-        running_trials=len(held), gpus=sum(r.gpus for r in held),
-        device_seconds_24h=float(first.day or 0.0) + running,
-        device_seconds_total=float(first.total or 0.0) + running))
+    limits = Limits.of(first if owner_id is not None and first.has_quota is not None
+                       else None)
+    return OwnerQuota(limits, _use([r for r in rows if r.started_at is not None],
+                                   first.day or 0.0, first.total or 0.0, now))
 
 
 @functools.cache

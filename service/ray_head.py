@@ -45,20 +45,24 @@ START_TRIES = 3
 
 def _init_local(ray, num_cpus: int | None):
     """``ray.init`` of a new local Ray, tried again when its node did not register in time:
-    Ray waits a fixed 30 s for its raylet (``ray._private.node.Node``), which a loaded
-    2-core machine exceeds (seen under a test suite and a review's servers at load 16)."""
-    for attempt in range(START_TRIES):
+    Ray waits a fixed 30 s for its raylet at start-up, which a loaded 2-core machine
+    exceeds (seen under a test suite and a review's servers at load 16)."""
+    for attempt in range(1, START_TRIES):
         try:
-            # address="local": always a new Ray, never one found running on this machine
-            return ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                            logging_level="WARNING", log_to_driver=False)
+            return _init(ray, num_cpus)
         except Exception as e:  # Ray raises a bare Exception for this one
-            if "timed out during startup" not in str(e) or attempt == START_TRIES - 1:
+            if "timed out during startup" not in str(e):
                 raise
-            print(f"ray_head: {e} Trying again ({attempt + 2} of {START_TRIES}).",
+            print(f"ray_head: {e} Trying again ({attempt + 1} of {START_TRIES}).",
                   file=sys.stderr, flush=True)
             ray.shutdown()
-    raise AssertionError("unreachable")
+    return _init(ray, num_cpus)
+
+
+def _init(ray, num_cpus: int | None):
+    # address="local": always a new Ray, never one found running on this machine
+    return ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                    logging_level="WARNING", log_to_driver=False)
 
 
 def _set_at_end_of_input(done: threading.Event) -> None:
