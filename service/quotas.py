@@ -10,14 +10,14 @@ An owner's quota (``service.db.QuotaRow``; a limit that is ``None`` is not set) 
   the running ones have held their slots so far.
 
 A trial takes a slot before it starts (:class:`QuotaGate`, the ``hpo.gate.TrialGate`` of
-the study's driver) in one transaction that first locks the owner's quota row (PostgreSQL:
-``SELECT ... FOR UPDATE``; SQLite: a no-op ``UPDATE`` takes the database's write lock), so
-two drivers of one owner never both take its last slot. Over quota, the trial is not
-made: the study waits, RUNNING with ``waiting_for`` naming the limit, and its trials start
-as the owner's other work ends. A QUEUED study of an owner who could not start one trial
-now is not started by the dispatcher (it stays QUEUED, ``waiting_for`` set), so it holds
-no driver. Slots are given back as trials end; a dead driver's are swept
-(:func:`sweep`), counting as used the time until the sweep.
+the study's driver) in one transaction that first locks the study's row, then the owner's
+quota row (PostgreSQL: ``SELECT ... FOR UPDATE``; SQLite: the study's no-op ``UPDATE`` has
+taken the database's write lock), so two drivers of one owner never both take its last
+slot. Over quota, the trial is not made: the study waits, RUNNING with ``waiting_for``
+naming the limit, and its trials start as the owner's other work ends. A QUEUED study of
+an owner who could not start one trial now is not started by the dispatcher (it stays
+QUEUED, ``waiting_for`` set), so it holds no driver. Slots are given back as trials end; a
+dead driver's are swept (:func:`sweep`), counting as used the time until the sweep.
 
 Fair share (:func:`pick_fair`): of the queued studies that may start, the dispatcher starts
 the one whose owner holds the fewest slots, then has used the fewest device-seconds in
@@ -102,10 +102,6 @@ def refusal(limits: Limits, use: Use, gpus: float) -> str | None:
     return None
 
 
-def _owner_is(column, owner_id: int | None):
-    return column.is_(None) if owner_id is None else column == owner_id
-
-
 def limits_of(session: Session, owner_ids: Iterable[int | None]) -> dict[int | None, Limits]:
     """The limits of each owner (no row, or no owner: none set)."""
     ids = {o for o in owner_ids if o is not None}
@@ -149,15 +145,16 @@ def _use(held: Sequence[Any], day: float, total: float, now: dt.datetime) -> Use
                device_seconds_total=float(total) + running)
 
 
-def _lock_quota(session: Session, owner_id: int | None) -> None:
-    """Serialize slot-taking for one owner until the transaction ends."""
+def _locked_limits(session: Session, owner_id: int | None) -> Limits:
+    """The owner's limits, with slot-taking for that owner serialized until the transaction
+    ends: PostgreSQL locks the owner's quota row as it reads it (``FOR UPDATE``); on
+    SQLite the transaction holds the database's write lock already (its first write)."""
+    if owner_id is None:
+        return Limits()
+    read = sa.select(QuotaRow).where(QuotaRow.owner_id == owner_id)
     if session.get_bind().dialect.name == "postgresql":
-        if owner_id is not None:
-            session.execute(sa.select(QuotaRow.owner_id).where(QuotaRow.owner_id == owner_id)
-                            .with_for_update())
-    else:  # SQLite: a first write takes the database's write lock (waiting on busy_timeout)
-        session.execute(sa.update(QuotaRow).where(_owner_is(QuotaRow.owner_id, owner_id))
-                        .values(owner_id=QuotaRow.owner_id))
+        read = read.with_for_update()
+    return Limits.of(session.execute(read).scalar())
 
 
 def acquire(session: Session, study_id: int, claim: str, trial: str,
@@ -167,29 +164,30 @@ def acquire(session: Session, study_id: int, claim: str, trial: str,
 
     Also sets the study's ``waiting_for`` to that reason (or clears it) when it changes.
     A study no longer RUNNING under ``claim`` gets no slot ("the study's claim was lost").
+    Three statements where the owner has no limits (a trial of every study takes one, on
+    its driver's event loop).
     """
     now = now or utcnow()
     # the study's row locked first (PostgreSQL: its row lock; SQLite: the write lock), so
     # that a requeue (mark_requeue) and this never cross: one sees the other's write
-    session.execute(sa.update(StudyRow).where(StudyRow.id == study_id)
-                    .values(waiting_for=StudyRow.waiting_for))
-    row = session.execute(sa.select(StudyRow.owner_id, StudyRow.waiting_for).where(
-        StudyRow.id == study_id, StudyRow.claimed_by == claim,
-        StudyRow.status == Status.RUNNING)).first()
+    row = session.execute(
+        sa.update(StudyRow).where(StudyRow.id == study_id, StudyRow.claimed_by == claim,
+                                  StudyRow.status == Status.RUNNING)
+        .values(waiting_for=StudyRow.waiting_for)
+        .returning(StudyRow.owner_id, StudyRow.waiting_for)).first()
     if row is None:
         return "the study's claim was lost"
     if row.waiting_for == REQUEUING:
         return REQUEUING
-    _lock_quota(session, row.owner_id)
-    limits = limits_of(session, [row.owner_id])[row.owner_id]
+    limits = _locked_limits(session, row.owner_id)
     reason = None
     if limits.any:
         reason = refusal(limits, use_of(session, [row.owner_id], now)[row.owner_id],
                          resources.gpus)
     if reason is None:
-        session.add(TrialSlotRow(owner_id=row.owner_id, study_id=study_id, trial=trial,
-                                 gpus=resources.gpus, devices=resources.devices,
-                                 started_at=now))
+        session.execute(sa.insert(TrialSlotRow).values(
+            owner_id=row.owner_id, study_id=study_id, trial=trial, gpus=resources.gpus,
+            devices=resources.devices, started_at=now))
     if reason != row.waiting_for:
         session.execute(sa.update(StudyRow).where(StudyRow.id == study_id)
                         .values(waiting_for=reason))
@@ -214,14 +212,16 @@ def mark_requeue(session: Session, study_id: int) -> bool:
 def release(session: Session, study_id: int, trial: str, device_seconds: float,
             now: dt.datetime | None = None) -> bool:
     """Give back trial ``trial``'s slot and record its ``device_seconds`` as used by its
-    owner, ended at ``now``; False (nothing recorded) if it held none (swept already)."""
-    slot = session.execute(sa.select(TrialSlotRow).where(
-        TrialSlotRow.study_id == study_id, TrialSlotRow.trial == trial)).scalar()
-    if slot is None:
+    owner, ended at ``now``; False (nothing recorded) if it held none (swept already).
+    Two statements."""
+    owner = session.execute(sa.delete(TrialSlotRow).where(
+        TrialSlotRow.study_id == study_id, TrialSlotRow.trial == trial)
+        .returning(TrialSlotRow.owner_id)).first()
+    if owner is None:
         return False
-    session.delete(slot)
-    session.add(UsageEventRow(owner_id=slot.owner_id, ended_at=now or utcnow(),
-                              device_seconds=max(0.0, device_seconds)))
+    session.execute(sa.insert(UsageEventRow).values(
+        owner_id=owner.owner_id, ended_at=now or utcnow(),
+        device_seconds=max(0.0, device_seconds)))
     return True
 
 
