@@ -69,6 +69,13 @@ def open_storage(url: str = DEFAULT_STORAGE_URL,
         raise StorageError(f"cannot open storage {redact(url)}: {e}") from e
 
 
+def preload() -> None:
+    """Do now the one-time work of a process's first ``RDBStorage``: importing alembic and
+    loading Optuna's schema migrations (about 1 s on 2 cores; later storages take 30 ms),
+    on a storage in memory that is then closed. A warm driver calls it while it waits."""
+    optuna.storages.RDBStorage("sqlite:///:memory:").engine.dispose()
+
+
 def trial_id_of(trial: optuna.Trial) -> int:
     """The storage id of a live ``trial`` (what ``BaseStorage`` methods take): Optuna
     keeps it private, and reading it back by number would cost a query."""
