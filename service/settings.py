@@ -178,14 +178,19 @@ def variables() -> dict[str, Any]:
 
 
 class _MappingSource(EnvSettingsSource):
-    """The environment source of pydantic-settings over a given mapping (``from_env``)."""
+    """The environment source of pydantic-settings over a given mapping (``from_env``). A
+    variable set to the empty string counts as unset (``env_ignore_empty``, which
+    pydantic-settings applies in the ``_load_env_vars`` that this one replaces): ``HPO_PORT=``
+    in a compose file or a shell gives the default, not an error."""
 
     def __init__(self, settings_cls, environ: Mapping[str, str]) -> None:
         self._mapping = dict(environ)
         super().__init__(settings_cls, case_sensitive=True)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        return self._mapping
+        if not self.env_ignore_empty:
+            return self._mapping
+        return {name: value for name, value in self._mapping.items() if value != ""}
 
 
 _KINDS = {"bool_parsing": "must be true or false", "bool_type": "must be true or false",

@@ -32,6 +32,16 @@ def test_variables_are_read_and_overrides_win():
     assert s.worker_env()["HPO_DATABASE_URL"] == "postgresql+psycopg://u@h/db"
 
 
+def test_a_variable_set_empty_counts_as_unset():
+    """``HPO_PORT=`` (a compose file's empty value, an unset shell variable) gives the
+    default of every kind of setting, as pydantic-settings' ``env_ignore_empty`` says."""
+    empty = {name: "" for name in ("HPO_PORT", "HPO_API_THREADS", "HPO_OPEN_READS",
+                                   "HPO_HEARTBEAT_S", "HPO_RESULTS_DIR", "RAY_ADDRESS",
+                                   "HPO_DATABASE_URL")}
+    assert Settings.from_env(empty) == Settings.from_env({})
+    assert Settings.from_env({**empty, "HPO_PORT": "9001"}).port == 9001
+
+
 @pytest.mark.parametrize("env, name", [
     ({"HPO_MAX_RUNNING_STUDIES": "0"}, "HPO_MAX_RUNNING_STUDIES"),
     ({"HPO_MAX_RUNNING_STUDIES": "two"}, "HPO_MAX_RUNNING_STUDIES"),
