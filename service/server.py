@@ -116,8 +116,50 @@ def _prepare_schema(settings: Settings) -> None:
     engine = build_engine(settings.database_url)
     try:
         prepare(engine, auto=settings.migrate_on_start)
+        warn_if_over_connections(engine, settings)
     finally:
         engine.dispose()
+
+
+DRIVER_CONNECTIONS = 4  # a study driver's pooled connections: its engine's and storages'
+
+
+def pooled_connections(settings: Settings) -> int:
+    """The database connections the service's pools may keep open at once: per API process
+    the service engine's (``HPO_API_THREADS`` + 2) and the Optuna storage's
+    (``HPO_API_THREADS``), and ``DRIVER_CONNECTIONS`` per running study's driver (each
+    pool may open 10 more for a burst, which close as they come back)."""
+    per_process = 2 * settings.api_threads + 2
+    return settings.api_processes * per_process + settings.max_running_studies * \
+        DRIVER_CONNECTIONS
+
+
+def warn_if_over_connections(engine, settings: Settings) -> bool:
+    """On PostgreSQL, log a warning (and return True) when :func:`pooled_connections` is more
+    than the server takes (``max_connections`` less ``superuser_reserved_connections``):
+    under load the pools would then fail with "too many clients already" rather than wait.
+    Nothing on SQLite, or where the values cannot be read."""
+    if engine.dialect.name != "postgresql":
+        return False
+    import sqlalchemy as sa
+
+    try:
+        with engine.connect() as conn:
+            most = int(conn.execute(sa.text("SHOW max_connections")).scalar())
+            reserved = int(conn.execute(sa.text("SHOW superuser_reserved_connections"))
+                           .scalar())
+    except (sa.exc.SQLAlchemyError, TypeError, ValueError):
+        return False
+    wanted = pooled_connections(settings)
+    if wanted <= most - reserved:
+        return False
+    log.warning("the service's database pools may keep %d connections open (HPO_API_PROCESSES"
+                "=%d x 2 x HPO_API_THREADS=%d + 2, plus %d per running study up to "
+                "HPO_MAX_RUNNING_STUDIES=%d), and PostgreSQL takes %d (max_connections %d "
+                "less %d reserved): lower those settings or raise max_connections",
+                wanted, settings.api_processes, settings.api_threads, DRIVER_CONNECTIONS,
+                settings.max_running_studies, most - reserved, most, reserved)
+    return True
 
 
 class _Server(uvicorn.Server):

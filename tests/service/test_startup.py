@@ -150,3 +150,33 @@ def test_hpo_serve_on_a_taken_port_fails_before_importing_torch_ray_or_the_app(t
     assert second == (f"error: port {port} on 127.0.0.1 is in use (another server?): choose "
                       f"another with --port or HPO_PORT")
     assert not (tmp_path / "h.db").exists()  # not even the database was opened
+
+
+def test_pools_larger_than_postgresqls_connections_are_warned_of_at_start(pg_url, caplog):
+    """Many API processes with many threads each could hold more connections than the
+    PostgreSQL server takes: the start says so, naming the settings and the server's limit;
+    the defaults fit the default server (max_connections 100); SQLite never warns."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            most = int(conn.execute(sa.text("SHOW max_connections")).scalar())
+            reserved = int(conn.execute(sa.text("SHOW superuser_reserved_connections"))
+                           .scalar())
+        fits = Settings.from_env({})
+        assert server_module.pooled_connections(fits) == 1 * (2 * 20 + 2) + 2 * 4
+        with caplog.at_level(logging.WARNING, logger="service.server"):
+            assert not server_module.warn_if_over_connections(engine, fits)
+            assert not caplog.records
+            over = Settings.from_env({"HPO_API_PROCESSES": str(most // 42 + 1)})
+            assert server_module.pooled_connections(over) > most - reserved
+            assert server_module.warn_if_over_connections(engine, over)
+        message = caplog.records[-1].getMessage()
+        assert "HPO_API_PROCESSES" in message and "HPO_API_THREADS=20" in message
+        assert f"PostgreSQL takes {most - reserved} (max_connections {most}" in message
+    finally:
+        engine.dispose()
+    sqlite = sa.create_engine("sqlite://")
+    assert not server_module.warn_if_over_connections(
+        sqlite, Settings.from_env({"HPO_API_PROCESSES": "64"}))
