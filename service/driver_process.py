@@ -225,9 +225,12 @@ def wait_for_study() -> list[str] | None:
     from hpo.tune.driver import init_ray  # the seconds of imports a cold driver would spend
 
     # and what a study's first seconds would import or load: its dashboard note's and
-    # charts' libraries, Optuna's schema migrations (3 s on 2 cores, after the claim before)
-    board.preload()
-    storage.preload()
+    # charts' libraries, Optuna's schema migrations (3 s on 2 cores, after the claim before).
+    # Only a head start: one that fails (a broken install) fails again in the study, where
+    # its error reaches the study's log, instead of killing the spare with no log at all
+    with contextlib.suppress(Exception):
+        board.preload()
+        storage.preload()
 
     address = Settings.from_env().ray_address
     joined = False

@@ -400,3 +400,19 @@ def test_drivers_stopped_at_shutdown_before_they_requeue_put_their_studies_back(
     again = dispatcher()
     again.run_once()
     assert sorted(again.started) == ["s1", "s2"]
+
+
+def test_a_spare_whose_preload_fails_still_says_ready(tmp_path):
+    """The spare's preload (the dashboard's libraries, Optuna's migrations) is a head start
+    only: an install whose optuna-dashboard does not import leaves the spare ready, and the
+    study that needs it fails later with the error in its log, instead of a spare that died
+    before its log existed (found by a review)."""
+    broken = tmp_path / "site" / "optuna_dashboard"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('a broken optuna-dashboard')\n")
+    env = {**os.environ, "PYTHONPATH": f"{broken.parent}{os.pathsep}{REPO}",
+           "HPO_DATABASE_URL": f"sqlite:///{tmp_path / 'hpo.db'}"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "service.worker", "--warm"], input="",
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+    assert (done.returncode, done.stdout) == (0, "ready\n"), done.stderr

@@ -303,7 +303,13 @@ def test_hpo_status_prints_the_quota_and_what_the_study_waits_for(w, monkeypatch
     lines = {line.split(None, 1)[0] if not line.strip().startswith("waiting") else "waiting":
              " ".join(line.split()) for line in text.splitlines() if line.strip()}
     assert lines["waiting"] == "waiting for quota max_running_trials: 1 of 1 trials running"
-    assert lines["quota"] == "quota trials 1/1, GPUs 0/-, device-s 24h 0/-, total 0/-"
+    # the slot has been held a moment when the study is read: what the API said, rounded
+    # (0 on an idle machine; a loaded one took 0.5 s or more between the two, and said 1)
+    held = study["quota"]["use"]
+    assert held["device_seconds_24h"] == held["device_seconds_total"] < 5
+    assert lines["quota"] == (f"quota trials 1/1, GPUs 0/-, device-s 24h "
+                              f"{held['device_seconds_24h']:.0f}/-, total "
+                              f"{held['device_seconds_total']:.0f}/-")
 
 
 @pytest.mark.usefixtures("ray_session")
