@@ -229,16 +229,22 @@ def sweep(session: Session, study_ids: Sequence[int] | None = None,
           now: dt.datetime | None = None) -> int:
     """Give back the slots of studies that no longer run (no longer RUNNING: ended,
     requeued, deleted), or of the studies ``study_ids`` (taken over from a driver that is
-    gone), recording as used the time each slot was held until ``now``. Returns how many."""
+    gone), recording as used the time each slot was held until ``now``. Returns how many.
+
+    One ``DELETE ... RETURNING``: a slot that its trial's own :func:`release` gives back
+    meanwhile is recorded by one of the two only (a read, then a delete, counted it twice).
+    """
     now = now or utcnow()
     where = (TrialSlotRow.study_id.in_(study_ids) if study_ids is not None else
              ~TrialSlotRow.study_id.in_(sa.select(StudyRow.id)
                                         .where(StudyRow.status == Status.RUNNING)))
-    slots = session.execute(sa.select(TrialSlotRow).where(where)).scalars().all()
-    for slot in slots:
-        held = max(0.0, (now - slot.started_at).total_seconds()) * slot.devices
-        session.add(UsageEventRow(owner_id=slot.owner_id, ended_at=now, device_seconds=held))
-        session.delete(slot)
+    slots = session.execute(sa.delete(TrialSlotRow).where(where).returning(
+        TrialSlotRow.owner_id, TrialSlotRow.devices, TrialSlotRow.started_at)).all()
+    if slots:
+        session.execute(sa.insert(UsageEventRow), [
+            {"owner_id": slot.owner_id, "ended_at": now,
+             "device_seconds": max(0.0, (now - slot.started_at).total_seconds()) * slot.devices}
+            for slot in slots])
     return len(slots)
 
 

@@ -501,3 +501,27 @@ def test_one_owners_quota_in_one_statement_equals_the_grouped_reads(w):
         assert quotas.quota_of(s, None, now) == quotas.OwnerQuota(
             Limits(), Use(device_seconds_24h=9.0, device_seconds_total=9.0))
         assert quotas.quota_of(s, w.owner("bob"), now) == quotas.OwnerQuota(Limits(), Use())
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_sweep_racing_the_trials_own_release_records_the_slot_once(w):
+    """The trial's release has deleted its slot and not committed yet when a sweep of its
+    study runs: the sweep waits on the row, then finds it gone, and the slot's time is
+    recorded once, by the release (a sweep that read the slots first recorded it again;
+    found by a review)."""
+    g = w.running("alice", "racing")
+    assert g.acquire("t1", CPU)
+    with w.sessions.begin() as releasing:
+        assert quotas.release(releasing, g.study_id, "t1", 2.0)
+        swept: list[int] = []
+
+        def sweep() -> None:
+            with w.sessions.begin() as s:
+                swept.append(quotas.sweep(s, [g.study_id]))
+
+        sweeper = threading.Thread(target=sweep)
+        sweeper.start()
+        sweeper.join(1.0)
+        assert sweeper.is_alive()  # waiting on the release's row lock
+    sweeper.join(30)
+    assert swept == [0] and w.n_slots() == 0 and w.events() == [2.0]
