@@ -51,10 +51,10 @@ def create_app(settings: Settings | None = None,
         service.migrate.SchemaOutdated: the service's tables need ``hpo db upgrade``.
     """
     settings = settings or Settings.from_env()
-    # a pooled connection per thread that may use it, and for the dispatcher and /readyz
-    engine = build_engine(settings.database_url, pool_size=settings.api_threads + 2)
+    engine_pool, storage_pool = settings.api_pool_sizes
+    engine = build_engine(settings.database_url, pool_size=engine_pool)
     migrate.prepare(engine, auto=settings.migrate_on_start)
-    storage = open_storage(settings.database_url, pool_size=settings.api_threads)
+    storage = open_storage(settings.database_url, pool_size=storage_pool)
     sessions = session_factory(engine)
     study_service = StudyService(settings, sessions, storage)
     dispatcher = None

@@ -102,11 +102,17 @@ def refusal(limits: Limits, use: Use, gpus: float) -> str | None:
     return None
 
 
-def limits_of(session: Session, owner_ids: Iterable[int | None]) -> dict[int | None, Limits]:
-    """The limits of each owner (no row, or no owner: none set)."""
+def limits_of(session: Session, owner_ids: Iterable[int | None], *,
+              lock: bool = False) -> dict[int | None, Limits]:
+    """The limits of each owner (no row, or no owner: none set). ``lock``: slot-taking for
+    those owners is serialized until the transaction ends: PostgreSQL locks their quota rows
+    as it reads them (``FOR UPDATE``); on SQLite the transaction must hold the database's
+    write lock already (have written)."""
     ids = {o for o in owner_ids if o is not None}
-    rows = session.execute(sa.select(QuotaRow).where(QuotaRow.owner_id.in_(ids))).scalars() \
-        if ids else []
+    read = sa.select(QuotaRow).where(QuotaRow.owner_id.in_(ids))
+    if lock and session.get_bind().dialect.name == "postgresql":
+        read = read.with_for_update()
+    rows = session.execute(read).scalars() if ids else []
     found = {row.owner_id: Limits.of(row) for row in rows}
     return {o: found.get(o, Limits()) for o in {*owner_ids}}
 
@@ -145,18 +151,6 @@ def _use(held: Sequence[Any], day: float, total: float, now: dt.datetime) -> Use
                device_seconds_total=float(total) + running)
 
 
-def _locked_limits(session: Session, owner_id: int | None) -> Limits:
-    """The owner's limits, with slot-taking for that owner serialized until the transaction
-    ends: PostgreSQL locks the owner's quota row as it reads it (``FOR UPDATE``); on
-    SQLite the transaction holds the database's write lock already (its first write)."""
-    if owner_id is None:
-        return Limits()
-    read = sa.select(QuotaRow).where(QuotaRow.owner_id == owner_id)
-    if session.get_bind().dialect.name == "postgresql":
-        read = read.with_for_update()
-    return Limits.of(session.execute(read).scalar())
-
-
 def acquire(session: Session, study_id: int, claim: str, trial: str,
             resources: TrialResources, now: dt.datetime | None = None) -> str | None:
     """Take a slot for trial ``trial`` of study ``study_id`` (claimed by ``claim``), in the
@@ -179,7 +173,7 @@ def acquire(session: Session, study_id: int, claim: str, trial: str,
         return "the study's claim was lost"
     if row.waiting_for == REQUEUING:
         return REQUEUING
-    limits = _locked_limits(session, row.owner_id)
+    limits = limits_of(session, [row.owner_id], lock=True)[row.owner_id]
     reason = None
     if limits.any:
         reason = refusal(limits, use_of(session, [row.owner_id], now)[row.owner_id],

@@ -126,12 +126,10 @@ DRIVER_CONNECTIONS = 4  # a study driver's pooled connections: its engine's and 
 
 def pooled_connections(settings: Settings) -> int:
     """The database connections the service's pools may keep open at once: per API process
-    the service engine's (``HPO_API_THREADS`` + 2) and the Optuna storage's
-    (``HPO_API_THREADS``), and ``DRIVER_CONNECTIONS`` per running study's driver (each
-    pool may open 10 more for a burst, which close as they come back)."""
-    per_process = 2 * settings.api_threads + 2
-    return settings.api_processes * per_process + settings.max_running_studies * \
-        DRIVER_CONNECTIONS
+    its pools' (``Settings.api_pool_sizes``), and ``DRIVER_CONNECTIONS`` per running study's
+    driver (each pool may open 10 more for a burst, which close as they come back)."""
+    return (settings.api_processes * sum(settings.api_pool_sizes)
+            + settings.max_running_studies * DRIVER_CONNECTIONS)
 
 
 def warn_if_over_connections(engine, settings: Settings) -> bool:

@@ -97,6 +97,13 @@ class Settings(BaseSettings):
         return init_settings, _MappingSource(settings_cls, environ)
 
     @property
+    def api_pool_sizes(self) -> tuple[int, int]:
+        """Connections one API process's pools keep: the service engine's (one per API
+        thread, and the dispatcher's and ``/readyz``'s) and the Optuna storage's (one per
+        API thread)."""
+        return self.api_threads + 2, self.api_threads
+
+    @property
     def url(self) -> str:
         """Where people reach this service (``HPO_PUBLIC_URL``, else ``http://host:port``):
         the only origin the dashboard takes cookie logins and writes from."""
