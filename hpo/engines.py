@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import weakref
 from pathlib import Path
 
 import sqlalchemy
@@ -110,3 +111,21 @@ def redact(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except sqlalchemy.exc.ArgumentError:
         return "<invalid URL>"
+
+
+def autocommit_engine(engine: sqlalchemy.Engine) -> sqlalchemy.Engine:
+    """``engine`` for reads and for writes of one statement: on PostgreSQL the same pool
+    with its connections in autocommit, so each statement is sent alone, without the BEGIN
+    before it and the ROLLBACK or COMMIT after (a one-statement read: 1 round trip instead
+    of 3). Under READ COMMITTED every statement of a transaction sees a snapshot of its own
+    anyway, so what reads see is unchanged. Elsewhere ``engine`` itself (SQLite's
+    transaction keeps one snapshot across its statements). Built once per engine."""
+    if engine.dialect.name != "postgresql":
+        return engine
+    found = _AUTOCOMMIT.get(engine)
+    if found is None:  # execution_options costs 35 us, a tenth of a round trip
+        found = _AUTOCOMMIT[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return found
+
+
+_AUTOCOMMIT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -27,7 +27,14 @@ from optuna.study import StudyDirection
 from optuna.study._multi_objective import _is_pareto_front
 from optuna.study.study import _SYSTEM_ATTR_METRIC_NAMES
 
-from hpo.engines import engine_kwargs, prepare_sqlite, redact, sqlite_path, sync_normal
+from hpo.engines import (
+    autocommit_engine,
+    engine_kwargs,
+    prepare_sqlite,
+    redact,
+    sqlite_path,
+    sync_normal,
+)
 from hpo.errors import StorageError
 from hpo.pinned import require
 
@@ -333,8 +340,8 @@ def system_attr_keys(storage: optuna.storages.BaseStorage, study_id: int,
         return [key for key in keys if key.startswith(prefix)]
     studies, study_attrs = models.StudyModel, models.StudySystemAttributeModel
     trials, trial_attrs = models.TrialModel, models.TrialSystemAttributeModel
-    with _create_scoped_session(storage.scoped_session) as session:
-        found = session.execute(  # a row (key None) for a study without such keys
+    with autocommit_engine(storage.engine).connect() as conn:  # reads only
+        found = conn.execute(  # a row (key None) for a study without such keys
             sqlalchemy.select(studies.study_id, study_attrs.key)
             .outerjoin(study_attrs, sqlalchemy.and_(
                 study_attrs.study_id == studies.study_id,
@@ -344,7 +351,7 @@ def system_attr_keys(storage: optuna.storages.BaseStorage, study_id: int,
         if not found:
             raise KeyError(f"no study with study_id {study_id} exists")
         keys = [key for _, key in found if key is not None]
-        keys += session.execute(
+        keys += conn.execute(
             sqlalchemy.select(trial_attrs.key).join(trials, trials.trial_id == trial_attrs.trial_id)
             .where(trials.study_id == study_id, trial_attrs.key.startswith(prefix, autoescape=True))
             .order_by(trials.trial_id, trial_attrs.trial_system_attribute_id)).scalars().all()

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpo.errors import printable
-from service.db import AuditRow
+from service.db import AuditRow, autocommit
 
 log = logging.getLogger("service.audit")
 
@@ -54,8 +54,9 @@ def record(sessions: sessionmaker | Session, actor: str, action: str, target: st
     if isinstance(sessions, Session):
         sessions.add(row)
         return
-    with sessions.begin() as session:
+    with autocommit(sessions) as session:  # one INSERT: no transaction of its own on PG
         session.add(row)
+        session.commit()
 
 
 def cli_actor() -> str:

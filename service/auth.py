@@ -26,7 +26,7 @@ import sqlalchemy as sa
 import sqlalchemy.exc
 from sqlalchemy.orm import sessionmaker
 
-from service.db import Role, TokenRow, utcnow
+from service.db import Role, TokenRow, autocommit, utcnow
 from service.errors import Forbidden, NotAuthenticated, TokenExists
 
 TOKEN_PREFIX = "hpo_"
@@ -153,7 +153,7 @@ def resolve(sessions: sessionmaker, token: str | None) -> Principal:
     """
     if not token:
         raise NotAuthenticated("this needs a token: Authorization: Bearer TOKEN")
-    with sessions() as session:
+    with autocommit(sessions) as session:
         row = session.execute(_BY_HASH, {"hash": hash_token(token)}).scalar_one_or_none()
     if row is None:
         raise NotAuthenticated("unknown token")
@@ -173,11 +173,12 @@ def _note_use(sessions: sessionmaker, token_id: int, now: dt.datetime,
     """Set ``last_used_at``, unless a concurrent request did within the minute; a database
     too busy to take the write does not fail the request."""
     try:
-        with sessions.begin() as session:
+        with autocommit(sessions) as session:
             session.execute(sa.update(TokenRow).where(
                 TokenRow.id == token_id,
                 sa.or_(TokenRow.last_used_at.is_(None), TokenRow.last_used_at < cutoff))
                 .values(last_used_at=now))
+            session.commit()
     except sqlalchemy.exc.OperationalError as e:
         log.warning("could not note the use of token %d: %s", token_id, type(e).__name__)
 

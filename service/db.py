@@ -21,9 +21,15 @@ import datetime as dt
 import enum
 
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from hpo.engines import engine_kwargs, ping_when_idle, prepare_sqlite, sqlite_path
+from hpo.engines import (
+    autocommit_engine,
+    engine_kwargs,
+    ping_when_idle,
+    prepare_sqlite,
+    sqlite_path,
+)
 
 
 class Status(enum.StrEnum):
@@ -178,6 +184,16 @@ def create_tables(engine: sa.Engine) -> None:
 
 def session_factory(engine: sa.Engine) -> sessionmaker:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def autocommit(sessions: sessionmaker) -> Session:
+    """A session of ``sessions`` for reads and for writes of one statement, whose
+    statements need no transaction of their own: on PostgreSQL its connection is in
+    autocommit (:func:`hpo.engines.autocommit_engine`), elsewhere it is a plain session.
+    A request that reads its token, then its study with the study's summary and quota in
+    one session, so makes 4 round trips instead of 8. ``session.commit()`` and
+    ``rollback()`` work as usual (on PostgreSQL they have nothing to send)."""
+    return sessions(bind=autocommit_engine(sessions.kw["bind"]))
 
 
 class QuotaRow(Base):

@@ -35,11 +35,20 @@ from hpo.summary import StudySummary, TrialCounts, devices_held
 from hpo.warmstart import warm_start_points
 from service import bounds, optuna_sql
 from service.auth import Principal
-from service.db import ENDED, VISIBLE, Status, StudyRow, SummaryRow, TokenRow, utcnow
+from service.db import (
+    ENDED,
+    VISIBLE,
+    Status,
+    StudyRow,
+    SummaryRow,
+    TokenRow,
+    autocommit,
+    utcnow,
+)
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.quotas import OwnerQuota, quota_of
 from service.settings import Settings
-from service.summaries import compute_summary, read_summaries, retire_usage, store_summary
+from service.summaries import compute_summary, read_summaries, remove_deleting, store_summary
 
 log = logging.getLogger(__name__)
 CREATE_WAIT_S = 10.0  # a 409 for a name being created waits this long for that create
@@ -138,7 +147,7 @@ class StudyService:
         only once that create has finished (its row is no longer CREATING), so that a read
         right after the 409 finds the study; if that create was undone, this one goes on."""
         for _ in range(CREATE_RACE_TRIES):
-            with self.sessions() as session:
+            with autocommit(self.sessions) as session:  # one INSERT
                 session.add(StudyRow(name=spec.name, owner_id=owner.token_id,
                                      status=Status.CREATING, spec=spec.to_dict(),
                                      n_trials=spec.budget.n_trials))
@@ -156,7 +165,7 @@ class StudyService:
         row of that name remains, False if it is gone (that create was undone)."""
         deadline = time.monotonic() + CREATE_WAIT_S
         while True:
-            with self.sessions() as session:
+            with autocommit(self.sessions) as session:
                 status = session.execute(sa.select(StudyRow.status)
                                          .where(StudyRow.name == name)).scalar()
             if status is None:
@@ -190,9 +199,10 @@ class StudyService:
         """Remove a half-created study: its Optuna study (if ours) and its row."""
         if delete_optuna:
             self._delete_optuna_study(name)
-        with self.sessions.begin() as session:
+        with autocommit(self.sessions) as session:
             session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
                                                       StudyRow.status == Status.CREATING))
+            session.commit()
 
     # -- read ------------------------------------------------------------------------
 
@@ -205,7 +215,7 @@ class StudyService:
         and an ended one (made before summaries were kept) has its summary computed once.
         """
         where = [StudyRow.status.in_([status] if status else VISIBLE), *self._scope(who, True)]
-        with self.sessions() as session:
+        with autocommit(self.sessions) as session:
             total = session.execute(sa.select(sa.func.count()).select_from(StudyRow)
                                     .where(*where)).scalar_one()
             # each row with its owner's name and its summary, if kept: one statement
@@ -235,7 +245,7 @@ class StudyService:
         return self._view(*self._get(who, name, read=True))
 
     def _view(self, row: StudyRow, owner: str | None) -> StudyView:
-        with self.sessions() as session:
+        with autocommit(self.sessions) as session:
             summary = read_summaries(session, [row.id]).get(row.id)
             quota = quota_of(session, row.owner_id)
         if summary is None:
@@ -270,7 +280,7 @@ class StudyService:
             optuna_id = self.storage.get_study_id_from_name(name)
         except KeyError:
             return [], 0
-        with self.sessions() as session:
+        with autocommit(self.sessions) as session:
             conn = session.connection()
             total = optuna_sql.n_trials(conn, optuna_id)
             ids = optuna_sql.trial_ids_page(conn, optuna_id, offset, limit)
@@ -340,13 +350,7 @@ class StudyService:
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
             shutil.rmtree(results, ignore_errors=True)
         with self.sessions.begin() as session:
-            gone = sa.select(StudyRow.id).where(StudyRow.name == name,
-                                                StudyRow.status == Status.DELETING)
-            for study_id in session.execute(gone).scalars().all():
-                retire_usage(session, study_id)
-            session.execute(sa.delete(SummaryRow).where(SummaryRow.study_id.in_(gone)))
-            session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
-                                                      StudyRow.status == Status.DELETING))
+            remove_deleting(session, name)  # with its summary, into its owner's usage
             lease.forget(session.connection(), name)  # its driver lease, if free
 
     # -- helpers ---------------------------------------------------------------------
@@ -358,7 +362,7 @@ class StudyService:
 
     def _get(self, who: Principal, name: str, *, read: bool) -> tuple[StudyRow, str | None]:
         scoped = bool(self._scope(who, read))
-        with self.sessions() as session:
+        with autocommit(self.sessions) as session:
             found = session.execute(_visible_study(scoped),
                                     {"name": name, "owner": who.token_id}).first()
         if found is None:
@@ -388,7 +392,7 @@ class StudyService:
 
     def _optuna_only(self, name: str) -> bool:
         """Whether Optuna's storage has a study ``name`` and the service has no row of it."""
-        with self.sessions() as session:
+        with autocommit(self.sessions) as session:
             if session.execute(sa.select(StudyRow.id).where(StudyRow.name == name)).first():
                 return False
             return bool(optuna_sql.study_ids(session.connection(), [name]))
@@ -397,17 +401,22 @@ class StudyService:
                     **values) -> StudyRow | None:
         """Set ``values`` on the study if its status is one of ``from_states``: the row as
         updated, or None if its status was not."""
-        with self.sessions.begin() as session:
-            return session.execute(sa.update(StudyRow).where(
+        with autocommit(self.sessions) as session:  # one UPDATE
+            row = session.execute(sa.update(StudyRow).where(
                 StudyRow.name == name, StudyRow.status.in_(from_states)).values(
                 updated_at=utcnow(), **values).returning(StudyRow)).scalar_one_or_none()
+            session.commit()
+            return row
 
     def _delete_optuna_study(self, name: str, *, artifacts: bool = False) -> None:
         """Delete the Optuna study ``name`` (if any) with its trials, set-based
         (:func:`hpo.storage.delete_study`); with ``artifacts`` first the files of its
         artifacts (their meta goes with the study). The study's id is looked up once."""
-        with contextlib.suppress(KeyError):  # no such study, or deleted meanwhile
-            study_id = self.storage.get_study_id_from_name(name)
+        with autocommit(self.sessions) as session:
+            study_id = optuna_sql.study_ids(session.connection(), [name]).get(name)
+        if study_id is None:
+            return
+        with contextlib.suppress(KeyError):  # deleted meanwhile
             if artifacts:
                 store = FileSystemArtifactStore(Path(self.settings.artifacts_path).resolve())
                 delete_study_artifacts(self.storage, study_id, store)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpo.spec import StudySpec, load_stored
 from hpo.storage import open_storage
 from hpo.summary import StudySummary, SummaryTracker, devices_held
-from service.db import StudyRow, SummaryRow, UsageRow, utcnow
+from service.db import Status, StudyRow, SummaryRow, UsageRow, utcnow
 
 _INSERTS = {"sqlite": sa.dialects.sqlite.insert, "postgresql": sa.dialects.postgresql.insert}
 
@@ -112,17 +112,23 @@ def _insert(session: Session):
     return _INSERTS[session.get_bind().dialect.name]
 
 
-def retire_usage(session: Session, study_id: int) -> None:
-    """Add a study's finished device-seconds (its stored summary) to its owner's usage in
-    ``hpo_owner_usage`` (one upsert), before the study is deleted: the per-owner counter of
-    ``service.metrics`` keeps them. Nothing for a study without owner or summary."""
-    row = session.execute(sa.select(StudyRow.owner_id, SummaryRow.summary)
-                          .join(SummaryRow, SummaryRow.study_id == StudyRow.id)
-                          .where(StudyRow.id == study_id)).first()
-    if row is None or row.owner_id is None:
+def remove_deleting(session: Session, name: str) -> None:
+    """Delete the DELETING study ``name``'s row and its summary, and add the summary's
+    finished device-seconds to its owner's usage in ``hpo_owner_usage``: the per-owner
+    counter of ``service.metrics`` keeps them. Three statements: the summary's and the
+    row's ``DELETE ... RETURNING``, then one upsert (none for a study without owner or
+    summary). Nothing when no DELETING study has that name."""
+    deleting = sa.select(StudyRow.id).where(StudyRow.name == name,
+                                            StudyRow.status == Status.DELETING)
+    kept = session.execute(sa.delete(SummaryRow).where(SummaryRow.study_id.in_(deleting))
+                           .returning(SummaryRow.summary)).scalars().all()
+    owners = session.execute(sa.delete(StudyRow).where(
+        StudyRow.name == name, StudyRow.status == Status.DELETING)
+        .returning(StudyRow.owner_id)).scalars().all()
+    if not kept or not owners or owners[0] is None:
         return
-    seconds = StudySummary.from_json(row.summary).device_seconds_finished
-    statement = _insert(session)(UsageRow).values(owner_id=row.owner_id, device_seconds=seconds)
+    seconds = StudySummary.from_json(kept[0]).device_seconds_finished
+    statement = _insert(session)(UsageRow).values(owner_id=owners[0], device_seconds=seconds)
     session.execute(statement.on_conflict_do_update(
         index_elements=[UsageRow.owner_id],
         set_={"device_seconds": UsageRow.device_seconds + statement.excluded.device_seconds}))

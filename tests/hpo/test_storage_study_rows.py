@@ -5,6 +5,7 @@ fewer statements, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import threading
+
 import optuna
 import pytest
 import sqlalchemy
