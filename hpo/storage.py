@@ -181,8 +181,9 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
     ``set_study_user_attr`` / ``set_study_system_attr`` (a read of the study and of the
     attribute, then the insert). The service's create (one user attribute, the metric
     names) cost so 4 transactions and 10 statements on SQLite, 9 on PostgreSQL. On
-    ``RDBStorage`` this inserts Optuna's ORM rows in one session: the study (flushed for
-    its id), then each table's rows with one statement, 1 transaction and 4 statements.
+    ``RDBStorage`` this inserts into the tables of Optuna's ORM models, by Core statements
+    in one transaction: the study (``RETURNING`` its id), then each table's rows with one
+    statement, 1 transaction and 4 statements.
     Values are JSON-encoded as Optuna encodes them (``json.dumps``). Any other storage
     (in-memory, journal) gets the public calls.
 
@@ -202,11 +203,11 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
             storage.set_study_system_attr(study_id, key, value)
         return study_id
     try:  # an IntegrityError is the name's unique constraint, as in create_new_study
-        with _create_scoped_session(storage.scoped_session) as session:
-            study = models.StudyModel(study_name=name)
-            session.add(study)
-            session.flush()
-            study_id = study.study_id
+        # Core statements on the tables of Optuna's models: the ORM's add and flush cost
+        # more CPU than the round trips themselves
+        with storage.engine.begin() as conn:
+            study_id = conn.execute(sqlalchemy.insert(models.StudyModel.__table__).values(
+                study_name=name).returning(models.StudyModel.__table__.c.study_id)).scalar_one()
             rows = {
                 models.StudyDirectionModel: [
                     {"study_id": study_id, "objective": i, "direction": d}
@@ -219,7 +220,7 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
                     for k, v in system_attrs.items()]}
             for model, values in rows.items():
                 if values:
-                    session.execute(sqlalchemy.insert(model), values)
+                    conn.execute(sqlalchemy.insert(model.__table__), values)
     except sqlalchemy.exc.IntegrityError:
         raise optuna.exceptions.DuplicatedStudyError(
             f"a study named {name!r} exists already") from None
@@ -338,24 +339,36 @@ def system_attr_keys(storage: optuna.storages.BaseStorage, study_id: int,
         for trial in storage.get_all_trials(study_id, deepcopy=False):
             keys.extend(trial.system_attrs)
         return [key for key in keys if key.startswith(prefix)]
-    studies, study_attrs = models.StudyModel, models.StudySystemAttributeModel
-    trials, trial_attrs = models.TrialModel, models.TrialSystemAttributeModel
+    of_study, of_trials = _attr_key_statements(prefix)
     with autocommit_engine(storage.engine).connect() as conn:  # reads only
-        found = conn.execute(  # a row (key None) for a study without such keys
-            sqlalchemy.select(studies.study_id, study_attrs.key)
-            .outerjoin(study_attrs, sqlalchemy.and_(
-                study_attrs.study_id == studies.study_id,
-                study_attrs.key.startswith(prefix, autoescape=True)))
-            .where(studies.study_id == study_id).order_by(study_attrs.study_system_attribute_id)
-        ).all()
+        found = conn.execute(of_study, {"study_id": study_id}).all()
         if not found:
             raise KeyError(f"no study with study_id {study_id} exists")
         keys = [key for _, key in found if key is not None]
-        keys += conn.execute(
-            sqlalchemy.select(trial_attrs.key).join(trials, trials.trial_id == trial_attrs.trial_id)
-            .where(trials.study_id == study_id, trial_attrs.key.startswith(prefix, autoescape=True))
-            .order_by(trials.trial_id, trial_attrs.trial_system_attribute_id)).scalars().all()
+        keys += conn.execute(of_trials, {"study_id": study_id}).scalars().all()
     return [key for key in keys if key.startswith(prefix)]  # SQLite's LIKE ignores case
+
+
+@functools.lru_cache(maxsize=8)
+def _attr_key_statements(prefix: str) -> tuple[sqlalchemy.Select, sqlalchemy.Select]:
+    """:func:`system_attr_keys`' two SELECTs for ``prefix``, bound by ``study_id`` (built once:
+    building them cost more than running them): a row per study attribute key with the
+    prefix (one with key None when the study has none), and the trials' keys."""
+    studies, study_attrs = models.StudyModel, models.StudySystemAttributeModel
+    trials, trial_attrs = models.TrialModel, models.TrialSystemAttributeModel
+    study_id = sqlalchemy.bindparam("study_id")
+    of_study = (sqlalchemy.select(studies.study_id, study_attrs.key)
+                .outerjoin(study_attrs, sqlalchemy.and_(
+                    study_attrs.study_id == studies.study_id,
+                    study_attrs.key.startswith(prefix, autoescape=True)))
+                .where(studies.study_id == study_id)
+                .order_by(study_attrs.study_system_attribute_id))
+    of_trials = (sqlalchemy.select(trial_attrs.key)
+                 .join(trials, trials.trial_id == trial_attrs.trial_id)
+                 .where(trials.study_id == study_id,
+                        trial_attrs.key.startswith(prefix, autoescape=True))
+                 .order_by(trials.trial_id, trial_attrs.trial_system_attribute_id))
+    return of_study, of_trials
 
 
 def pareto_front_mask(losses):

@@ -49,13 +49,15 @@ def record(sessions: sessionmaker | Session, actor: str, action: str, target: st
         raise ValueError(f"unknown audit action {action!r}")
     log.info("audit: %s %s %s from %s%s", printable(actor), action, printable(target),
              printable(address or "?"), f" {detail}" if detail else "")
-    row = AuditRow(actor=actor[:64], action=action, target=target[:200],
-                   address=address[:64] if address else None, detail=detail)
+    # a Core INSERT: the ORM's unit of work (add, flush) cost 4 times its round trip
+    insert = sa.insert(AuditRow.__table__).values(
+        actor=actor[:64], action=action, target=target[:200],
+        address=address[:64] if address else None, detail=detail)
     if isinstance(sessions, Session):
-        sessions.add(row)
+        sessions.connection().execute(insert)
         return
     with autocommit(sessions) as session:  # one INSERT: no transaction of its own on PG
-        session.add(row)
+        session.connection().execute(insert)
         session.commit()
 
 

@@ -147,11 +147,11 @@ class StudyService:
         only once that create has finished (its row is no longer CREATING), so that a read
         right after the 409 finds the study; if that create was undone, this one goes on."""
         for _ in range(CREATE_RACE_TRIES):
-            with autocommit(self.sessions) as session:  # one INSERT
-                session.add(StudyRow(name=spec.name, owner_id=owner.token_id,
-                                     status=Status.CREATING, spec=spec.to_dict(),
-                                     n_trials=spec.budget.n_trials))
+            with autocommit(self.sessions) as session:  # one Core INSERT
                 try:
+                    session.connection().execute(sa.insert(StudyRow.__table__).values(
+                        name=spec.name, owner_id=owner.token_id, status=Status.CREATING,
+                        spec=spec.to_dict(), n_trials=spec.budget.n_trials))
                     session.commit()
                     return
                 except sqlalchemy.exc.IntegrityError:

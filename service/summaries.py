@@ -10,6 +10,7 @@ version before the table) has one computed from Optuna's public API
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 
 import optuna
@@ -101,9 +102,10 @@ def store_summary(session: Session, study_id: int, summary: StudySummary) -> Non
     exists = (sa.select(StudyRow.id, sa.literal(summary.to_json(), sa.Text),
                         sa.literal(utcnow(), SummaryRow.updated_at.type))
               .where(StudyRow.id == study_id))
-    statement = _insert(session)(SummaryRow).from_select(
-        [SummaryRow.study_id, SummaryRow.summary, SummaryRow.updated_at], exists)
-    session.execute(statement.on_conflict_do_nothing())
+    table = SummaryRow.__table__  # Core: the ORM's bulk INSERT path costs more than the trip
+    statement = _insert(session)(table).from_select(
+        [table.c.study_id, table.c.summary, table.c.updated_at], exists)
+    session.connection().execute(statement.on_conflict_do_nothing())
 
 
 def _insert(session: Session):
@@ -112,19 +114,31 @@ def _insert(session: Session):
     return _INSERTS[session.get_bind().dialect.name]
 
 
+@functools.cache
+def _removal_statements() -> tuple[sa.Delete, sa.Delete]:
+    """:func:`remove_deleting`'s DELETEs of the summary and of the row of the DELETING study
+    ``:name``, in Core (built once)."""
+    studies, summaries = StudyRow.__table__, SummaryRow.__table__
+    name = sa.bindparam("name")
+    deleting = sa.select(studies.c.id).where(studies.c.name == name,
+                                             studies.c.status == Status.DELETING)
+    return (sa.delete(summaries).where(summaries.c.study_id.in_(deleting))
+            .returning(summaries.c.summary),
+            sa.delete(studies).where(studies.c.name == name,
+                                     studies.c.status == Status.DELETING)
+            .returning(studies.c.owner_id))
+
+
 def remove_deleting(session: Session, name: str) -> None:
     """Delete the DELETING study ``name``'s row and its summary, and add the summary's
     finished device-seconds to its owner's usage in ``hpo_owner_usage``: the per-owner
     counter of ``service.metrics`` keeps them. Three statements: the summary's and the
     row's ``DELETE ... RETURNING``, then one upsert (none for a study without owner or
     summary). Nothing when no DELETING study has that name."""
-    deleting = sa.select(StudyRow.id).where(StudyRow.name == name,
-                                            StudyRow.status == Status.DELETING)
-    kept = session.execute(sa.delete(SummaryRow).where(SummaryRow.study_id.in_(deleting))
-                           .returning(SummaryRow.summary)).scalars().all()
-    owners = session.execute(sa.delete(StudyRow).where(
-        StudyRow.name == name, StudyRow.status == Status.DELETING)
-        .returning(StudyRow.owner_id)).scalars().all()
+    delete_summary, delete_row = _removal_statements()
+    connection = session.connection()
+    kept = connection.execute(delete_summary, {"name": name}).scalars().all()
+    owners = connection.execute(delete_row, {"name": name}).scalars().all()
     if not kept or not owners or owners[0] is None:
         return
     seconds = StudySummary.from_json(kept[0]).device_seconds_finished
