@@ -256,12 +256,11 @@ def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
             deleted).
     """
     statements = study_delete_statements(models.BaseModel.metadata)
-    if (isinstance(storage, optuna.storages.RDBStorage) and statements is not None
-            and storage.engine.dialect.name == "postgresql"):
-        statements = (one_statement(statements),)
     if not isinstance(storage, optuna.storages.RDBStorage) or statements is None:
         storage.delete_study(study_id)
         return
+    if storage.engine.dialect.name == "postgresql":
+        statements = (one_statement(statements),)
     for attempt in range(DELETE_TRIES):
         try:
             with _create_scoped_session(storage.scoped_session) as session:
