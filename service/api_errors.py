@@ -26,6 +26,7 @@ import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hpo.errors import SpecError, StorageError, printable
@@ -90,6 +91,17 @@ async def _spec_error(request: Request, exc: SpecError) -> JSONResponse:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # A route of service.deps.Call resolves its caller's token with its work, which invalid
+    # parameters never reach: the token is judged here first, so that 401 and 403 precede
+    # 422 as they do for routes whose token is a dependency of its own.
+    caller = getattr(request.state, "caller", None)
+    if caller is not None:
+        try:
+            await run_in_threadpool(caller)
+        except e.ServiceError as denied:
+            return await _service_error(request, denied)
+        except UNAVAILABLE as down:
+            return await _unavailable(request, down)
     details = [{"loc": ".".join(str(p) for p in err["loc"]), "msg": err["msg"]}
                for err in exc.errors()]
     return error_response(422, "invalid_request", "invalid request parameters", details)

@@ -11,8 +11,9 @@ from starlette.concurrency import run_in_threadpool
 from hpo.errors import SpecError
 from hpo.spec import NAME_PATTERN, parse_text
 from service.api_errors import documented as errors
+from service.auth import Principal
 from service.db import Status
-from service.deps import AuditDep, Reader, StudiesDep, Writer
+from service.deps import ReadCall, WriteCall
 from service.errors import MalformedBody, StudyNotFound, UnsupportedMediaType
 from service.openapi import spec_body
 from service.schemas import Page, StudyOut, StudySummary, TrialOut
@@ -64,24 +65,17 @@ async def read_spec_body(request: Request) -> Any:
         raise MalformedBody(f"the body is {e.errors[0]['msg']}") from None
 
 
-# The routes are ``async`` and do their work, audit row included, in one hand-over to the
-# thread pool: a ``def`` route takes one more for its work and one for FastAPI's validation
-# of its answer (each a wake-up of the event loop and of a worker thread). The caller's
-# token is resolved first, by the Reader and Writer dependencies (before the parameters
-# are validated and the body is read).
-
-
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut,
              responses=errors(400, 401, 403, 408, 409, 413, 415, 422, 503),
              openapi_extra={"requestBody": spec_body()})
-async def create_study(request: Request, who: Writer, studies: StudiesDep,
-                       response: Response, audit: AuditDep) -> StudyOut:
+async def create_study(request: Request, call: WriteCall, response: Response) -> StudyOut:
     """Validate and store a study spec, create its Optuna study and queue it."""
+    who = await run_in_threadpool(call.caller)  # the token before the body is read
     data = await read_spec_body(request)
 
     def create() -> StudyOut:
-        view = studies.create(data, who)
-        audit("study.create", view.row.name)
+        view = call.studies.create(data, who)
+        call.auditor(who)("study.create", view.row.name)
         return StudyOut.of(view)
 
     out = await run_in_threadpool(create)
@@ -89,61 +83,62 @@ async def create_study(request: Request, who: Writer, studies: StudiesDep,
     return out
 
 
+# Each route below does its work in one hand-over to the thread pool (service.deps.Call).
+
+
 @router.get("", response_model=Page[StudySummary], responses=errors(401, 422, 503))
-async def list_studies(who: Reader, studies: StudiesDep, status: Status | None = None,
-                       offset: Offset = 0, limit: Limit = 50) -> Page[StudySummary]:
+async def list_studies(call: ReadCall, status: Status | None = None, offset: Offset = 0,
+                       limit: Limit = 50) -> Page[StudySummary]:
     """The studies this token may see, newest first, optionally of one status."""
-    def page() -> Page[StudySummary]:
-        views, total = studies.list(who, status, offset, limit)
+    def page(who: Principal) -> Page[StudySummary]:
+        views, total = call.studies.list(who, status, offset, limit)
         return Page[StudySummary](items=[StudySummary.of(v) for v in views], total=total,
                                   offset=offset, limit=limit)
-    return await run_in_threadpool(page)
+    return await call.run(page)
 
 
 @router.get("/{name}", response_model=StudyOut, responses=READ)
-async def get_study(name: StudyName, who: Reader, studies: StudiesDep) -> StudyOut:
+async def get_study(name: StudyName, call: ReadCall) -> StudyOut:
     """A study: status, spec, trial counts by state, best trial, progress, device-seconds."""
-    return await run_in_threadpool(lambda: StudyOut.of(studies.view(who, name)))
+    return await call.run(lambda who: StudyOut.of(call.studies.view(who, name)))
 
 
 @router.get("/{name}/trials", response_model=Page[TrialOut], responses={**READ, **errors(422)})
-async def list_trials(name: StudyName, who: Reader, studies: StudiesDep, offset: Offset = 0,
-                      limit: Limit = 50, intermediate: bool = False) -> Page[TrialOut]:
+async def list_trials(name: StudyName, call: ReadCall, offset: Offset = 0, limit: Limit = 50,
+                      intermediate: bool = False) -> Page[TrialOut]:
     """A page of the study's trials by number; ``intermediate=true`` adds their curves."""
-    def page() -> Page[TrialOut]:
-        trials, total = studies.trials(who, name, offset, limit, intermediate=intermediate)
+    def page(who: Principal) -> Page[TrialOut]:
+        trials, total = call.studies.trials(who, name, offset, limit,
+                                            intermediate=intermediate)
         return Page[TrialOut](items=[TrialOut.of(t, intermediate) for t in trials],
                               total=total, offset=offset, limit=limit)
-    return await run_in_threadpool(page)
+    return await call.run(page)
 
 
 @router.get("/{name}/trials/{number}", response_model=TrialOut,
             responses={**READ, **errors(422)})
-async def get_trial(name: StudyName, number: TrialNumber, who: Reader,
-                    studies: StudiesDep) -> TrialOut:
+async def get_trial(name: StudyName, number: TrialNumber, call: ReadCall) -> TrialOut:
     """One trial with its intermediate values."""
-    return await run_in_threadpool(
-        lambda: TrialOut.of(studies.trial(who, name, number), intermediate=True))
+    return await call.run(lambda who: TrialOut.of(call.studies.trial(who, name, number),
+                                                  intermediate=True))
 
 
 @router.post("/{name}/stop", status_code=status.HTTP_202_ACCEPTED, response_model=StudyOut,
              responses=WRITE)
-async def stop_study(name: StudyName, who: Writer, studies: StudiesDep,
-                     audit: AuditDep) -> StudyOut:
+async def stop_study(name: StudyName, call: WriteCall) -> StudyOut:
     """Stop a study: QUEUED ends STOPPED now, RUNNING ends its trials within seconds."""
-    def stop() -> StudyOut:
-        view = studies.stop(who, name)
-        audit("study.stop", name)
+    def stop(who: Principal) -> StudyOut:
+        view = call.studies.stop(who, name)
+        call.auditor(who)("study.stop", name)
         return StudyOut.of(view)
-    return await run_in_threadpool(stop)
+    return await call.run(stop)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=WRITE)
-async def delete_study(name: StudyName, who: Writer, studies: StudiesDep,
-                       audit: AuditDep) -> Response:
+async def delete_study(name: StudyName, call: WriteCall) -> Response:
     """Delete a study that is not running, with its trials and result files."""
-    def delete() -> None:
-        studies.delete(who, name)
-        audit("study.delete", name)
-    await run_in_threadpool(delete)
+    def delete(who: Principal) -> None:
+        call.studies.delete(who, name)
+        call.auditor(who)("study.delete", name)
+    await call.run(delete)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

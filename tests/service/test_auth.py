@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
@@ -102,3 +104,56 @@ def test_service_commands_refuse_bad_settings_and_databases_in_one_line(monkeypa
         result = runner.invoke(hpo_app, argv)
         assert result.exit_code == 2, result.output
         assert "HPO_OPEN_READS must be true or false" in result.output
+
+
+# Each study route with a validated path or query parameter, with an invalid value of it; the
+# walk below checks that the list covers every such route of the app. (A ``{name}`` no study can
+# have answers 404 whoever asks, before any token is read: service.routers.studies.study_name.)
+INVALID = [("GET", "/v1/studies", "/v1/studies?limit=0"),
+           ("GET", "/v1/studies", "/v1/studies?offset=-1"),
+           ("GET", "/v1/studies", "/v1/studies?status=NOPE"),
+           ("GET", "/v1/studies/{name}/trials", "/v1/studies/s1/trials?limit=100000"),
+           ("GET", "/v1/studies/{name}/trials", "/v1/studies/s1/trials?intermediate=maybe"),
+           ("GET", "/v1/studies/{name}/trials/{number}", "/v1/studies/s1/trials/abc"),
+           ("GET", "/v1/studies/{name}/trials/{number}", "/v1/studies/s1/trials/-1"),
+           ("GET", "/v1/studies/{name}/trials/{number}/model", "/v1/studies/s1/trials/x/model")]
+
+
+def test_the_token_is_judged_before_the_parameters_on_every_study_route(app, client, tokens):
+    """401 (no, unknown, revoked or expired token) precedes 422: the study routes resolve
+    their token with their work, which invalid parameters never reach (the 422 handler
+    resolves it first, service.api_errors)."""
+    from service.auth import create_token, utcnow
+    from tests.service.test_roles import _app_routes
+
+    sessions = app.state.components.sessions
+    vera = create_token(sessions, "vera", role="viewer")
+    gone = create_token(sessions, "gone")
+    old = create_token(sessions, "old", expires_at=utcnow() - dt.timedelta(seconds=1))
+    assert client.post("/v1/tokens/gone/revoke", headers=bearer(tokens["admin"])).status_code == 200
+    with_params = {(m, path) for m, path, r in _app_routes(app) if path.startswith("/v1/studies")
+                   and (r.dependant.path_params or r.dependant.query_params)}
+    assert with_params == {(m, p) for m, p, _ in INVALID}
+    expected = {401: "not_authenticated", 422: "invalid_request"}
+    for _, _, url in INVALID:
+        for token, code in {None: 401, "hpo_unknown": 401, gone: 401, old: 401, vera: 422,
+                            tokens["alice"]: 422, tokens["admin"]: 422}.items():
+            r = client.get(url, headers=bearer(token) if token else {})
+            assert r.status_code == code, (url, token, r.text)
+            assert r.json()["error"]["code"] == expected[code]
+            assert (r.headers.get("www-authenticate") == "Bearer") == (code == 401)
+    for method, url in [("GET", "/v1/studies/bad%20name%21"), ("POST", "/v1/studies/bad%21/stop"),
+                        ("DELETE", "/v1/studies/bad%21")]:
+        for token in (None, "hpo_unknown", vera, tokens["alice"]):
+            r = client.request(method, url, headers=bearer(token) if token else {})
+            assert r.status_code == 404, (method, url, token, r.text)
+
+
+def test_with_open_reads_an_anonymous_bad_read_is_422_and_a_bad_token_still_401(settings):
+    from service.app import create_app
+
+    open_app = create_app(Settings(**{**settings.__dict__, "open_reads": True}))
+    with TestClient(open_app) as c:
+        for _, _, url in INVALID:
+            assert c.get(url).status_code == 422, url
+            assert c.get(url, headers=bearer("hpo_unknown")).status_code == 401, url
