@@ -202,29 +202,55 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
         for key, value in system_attrs.items():
             storage.set_study_system_attr(study_id, key, value)
         return study_id
+    rows = {models.StudyDirectionModel: [{"objective": i, "direction": d}
+                                         for i, d in enumerate(directions)],
+            models.StudyUserAttributeModel: [{"key": k, "value_json": json.dumps(v)}
+                                             for k, v in user_attrs.items()],
+            models.StudySystemAttributeModel: [{"key": k, "value_json": json.dumps(v)}
+                                               for k, v in system_attrs.items()]}
+    studies = models.StudyModel.__table__
     try:  # an IntegrityError is the name's unique constraint, as in create_new_study
         # Core statements on the tables of Optuna's models: the ORM's add and flush cost
         # more CPU than the round trips themselves
+        if storage.engine.dialect.name == "postgresql":
+            # one statement, so atomic without a transaction of its own: 1 round trip
+            with autocommit_engine(storage.engine).connect() as conn:
+                return conn.execute(_one_statement_create(name, rows)).scalar_one()
         with storage.engine.begin() as conn:
-            study_id = conn.execute(sqlalchemy.insert(models.StudyModel.__table__).values(
-                study_name=name).returning(models.StudyModel.__table__.c.study_id)).scalar_one()
-            rows = {
-                models.StudyDirectionModel: [
-                    {"study_id": study_id, "objective": i, "direction": d}
-                    for i, d in enumerate(directions)],
-                models.StudyUserAttributeModel: [
-                    {"study_id": study_id, "key": k, "value_json": json.dumps(v)}
-                    for k, v in user_attrs.items()],
-                models.StudySystemAttributeModel: [
-                    {"study_id": study_id, "key": k, "value_json": json.dumps(v)}
-                    for k, v in system_attrs.items()]}
+            study_id = conn.execute(sqlalchemy.insert(studies).values(study_name=name)
+                                    .returning(studies.c.study_id)).scalar_one()
             for model, values in rows.items():
                 if values:
-                    conn.execute(sqlalchemy.insert(model.__table__), values)
+                    conn.execute(sqlalchemy.insert(model.__table__),
+                                 [{"study_id": study_id, **v} for v in values])
     except sqlalchemy.exc.IntegrityError:
         raise optuna.exceptions.DuplicatedStudyError(
             f"a study named {name!r} exists already") from None
     return study_id
+
+
+def _one_statement_create(name: str, rows: Mapping[type, list[dict]]) -> sqlalchemy.Select:
+    """PostgreSQL: the study's INSERT as a data-modifying ``WITH`` returning its id, and each
+    table's rows one ``INSERT ... SELECT`` of that id (a ``WITH`` each), in one statement.
+    A table's rows are inserted in their order (Optuna reads a study's directions in the
+    order of their ids); the tables' order does not matter."""
+    studies = models.StudyModel.__table__
+    study = (sqlalchemy.insert(studies).values(study_name=name)
+             .returning(studies.c.study_id).cte("new_study"))
+    parts = []
+    for model, values in rows.items():
+        if not values:
+            continue
+        table = model.__table__
+        ordered = sqlalchemy.union_all(*(sqlalchemy.select(
+            study.c.study_id, sqlalchemy.literal(i).label("ordinal"),
+            *(sqlalchemy.cast(sqlalchemy.literal(v, table.c[k].type), table.c[k].type).label(k)
+              for k, v in value.items())) for i, value in enumerate(values))).subquery()
+        keys = ["study_id", *values[0]]
+        parts.append(sqlalchemy.insert(table).from_select(keys, sqlalchemy.select(
+            *(ordered.c[k] for k in keys)).order_by(ordered.c.ordinal))
+            .cte(f"insert_{table.name}"))
+    return sqlalchemy.select(study.c.study_id).add_cte(*parts)
 
 
 def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
@@ -263,11 +289,15 @@ def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
         statements = (one_statement(statements),)
     for attempt in range(DELETE_TRIES):
         try:
-            with _create_scoped_session(storage.scoped_session) as session:
-                for statement in statements:
-                    result = session.execute(statement, {"study_id": study_id})
-                if result.rowcount == 0:  # the last statement deletes the study itself
-                    raise KeyError(f"no study with study_id {study_id} exists")
+            if len(statements) == 1:  # atomic as one statement: no transaction of its own
+                with autocommit_engine(storage.engine).connect() as conn:
+                    result = conn.execute(statements[0], {"study_id": study_id})
+            else:
+                with _create_scoped_session(storage.scoped_session) as session:
+                    for statement in statements:
+                        result = session.execute(statement, {"study_id": study_id})
+            if result.rowcount == 0:  # the last statement deletes the study itself
+                raise KeyError(f"no study with study_id {study_id} exists")
             return
         except sqlalchemy.exc.IntegrityError:
             if attempt == DELETE_TRIES - 1:

@@ -48,7 +48,13 @@ from service.db import (
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.quotas import OwnerQuota, quota_of
 from service.settings import Settings
-from service.summaries import compute_summary, read_summaries, remove_deleting, store_summary
+from service.summaries import (
+    compute_summary,
+    queue_created,
+    read_summaries,
+    remove_deleting,
+    store_summary,
+)
 
 log = logging.getLogger(__name__)
 CREATE_WAIT_S = 10.0  # a 409 for a name being created waits this long for that create
@@ -175,22 +181,15 @@ class StudyService:
             time.sleep(0.05)
 
     def _queue(self, spec: StudySpec, optuna_id: int) -> StudyRow:
-        """CREATING -> QUEUED, with the new study's summary (no trials yet) in the same
-        transaction, so that no read of a queued study computes one; the row as stored then.
+        """CREATING -> QUEUED, with the new study's summary (no trials yet) stored with it,
+        so that no read of a queued study computes one; the row as stored then.
 
         Raises:
             StudyConflict: the row is gone (a start-up's clean-up of old creates took it).
         """
-        with self.sessions.begin() as session:
-            row = session.execute(
-                sa.update(StudyRow).where(StudyRow.name == spec.name,
-                                          StudyRow.status == Status.CREATING)
-                .values(status=Status.QUEUED, updated_at=utcnow()).returning(StudyRow)
-            ).scalar_one_or_none()
-            if row is not None:
-                store_summary(session, row.id, StudySummary(
-                    optuna_study_id=optuna_id, n_objectives=len(spec.objectives),
-                    devices_held=devices_held(spec.resources)))
+        row = queue_created(self.sessions, spec.name, StudySummary(
+            optuna_study_id=optuna_id, n_objectives=len(spec.objectives),
+            devices_held=devices_held(spec.resources)))
         if row is None:
             raise StudyConflict(f"study {spec.name!r} was removed while it was being created")
         return row
@@ -314,12 +313,13 @@ class StudyService:
             StudyNotFound: no such study, or not one ``who`` controls.
             StudyConflict: the study has already ended.
         """
-        _, owner = self._get(who, name, read=False)
+        scope = self._scope(who, read=False)  # the owner's: in the guarded UPDATE itself
+        owner = who.name if scope else self._get(who, name, read=False)[1]
         # one guarded UPDATE for both: a QUEUED study ends STOPPED, a RUNNING one is asked
         # (SET's expressions see the row as it was)
         queued = StudyRow.status == Status.QUEUED
         row = self._transition(
-            name, (Status.QUEUED, Status.RUNNING), stop_requested=True,
+            name, (Status.QUEUED, Status.RUNNING), *scope, stop_requested=True,
             status=sa.case((queued, sa.literal(Status.STOPPED, StudyRow.status.type)),
                            else_=StudyRow.status),
             ended_at=sa.case((queued, sa.literal(utcnow(), StudyRow.ended_at.type)),
@@ -337,8 +337,10 @@ class StudyService:
             StudyNotFound: no such study, or not one ``who`` controls.
             StudyConflict: the study is RUNNING (stop it first).
         """
-        self._get(who, name, read=False)
-        if self._transition(name, (Status.QUEUED, *ENDED), status=Status.DELETING) is None:
+        scope = self._scope(who, read=False)
+        if self._transition(name, (Status.QUEUED, *ENDED), *scope,
+                            status=Status.DELETING) is None:
+            self._get(who, name, read=False)  # none that ``who`` controls: 404 (or 409)
             raise StudyConflict(f"study {name!r} is running: stop it first")
         self.purge(name)
 
@@ -397,13 +399,13 @@ class StudyService:
                 return False
             return bool(optuna_sql.study_ids(session.connection(), [name]))
 
-    def _transition(self, name: str, from_states: tuple[Status, ...],
+    def _transition(self, name: str, from_states: tuple[Status, ...], *where,
                     **values) -> StudyRow | None:
-        """Set ``values`` on the study if its status is one of ``from_states``: the row as
-        updated, or None if its status was not."""
+        """Set ``values`` on the study if its status is one of ``from_states`` (and the
+        conditions ``where`` hold: :meth:`_scope`'s): the row as updated, or None if not."""
         with autocommit(self.sessions) as session:  # one UPDATE
             row = session.execute(sa.update(StudyRow).where(
-                StudyRow.name == name, StudyRow.status.in_(from_states)).values(
+                StudyRow.name == name, StudyRow.status.in_(from_states), *where).values(
                 updated_at=utcnow(), **values).returning(StudyRow)).scalar_one_or_none()
             session.commit()
             return row

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpo.spec import StudySpec, load_stored
 from hpo.storage import open_storage
 from hpo.summary import StudySummary, SummaryTracker, devices_held
-from service.db import Status, StudyRow, SummaryRow, UsageRow, utcnow
+from service.db import Status, StudyRow, SummaryRow, UsageRow, autocommit, utcnow
 
 _INSERTS = {"sqlite": sa.dialects.sqlite.insert, "postgresql": sa.dialects.postgresql.insert}
 
@@ -106,6 +106,36 @@ def store_summary(session: Session, study_id: int, summary: StudySummary) -> Non
     statement = _insert(session)(table).from_select(
         [table.c.study_id, table.c.summary, table.c.updated_at], exists)
     session.connection().execute(statement.on_conflict_do_nothing())
+
+
+def queue_created(sessions: sessionmaker, name: str, summary: StudySummary) -> StudyRow | None:
+    """The CREATING study ``name`` made QUEUED, with its first ``summary`` stored, both or
+    neither; the row as stored then, or None if no CREATING study has that name.
+
+    On PostgreSQL one statement in autocommit (the UPDATE a data-modifying ``WITH``, the
+    summary's INSERT a second reading its ``RETURNING``): 1 round trip instead of 4.
+    Elsewhere the UPDATE and :func:`store_summary` in one transaction."""
+    studies = StudyRow.__table__
+    queue = (sa.update(studies).where(studies.c.name == name,
+                                      studies.c.status == Status.CREATING)
+             .values(status=Status.QUEUED, updated_at=utcnow()))
+    if sessions.kw["bind"].dialect.name != "postgresql":
+        with sessions.begin() as session:
+            row = session.execute(sa.select(StudyRow).from_statement(
+                queue.returning(*studies.c))).scalar_one_or_none()
+            if row is not None:
+                store_summary(session, row.id, summary)
+        return row
+    queued = queue.returning(*studies.c).cte("queued")
+    table = SummaryRow.__table__
+    store = (sa.dialects.postgresql.insert(table).from_select(
+        [table.c.study_id, table.c.summary, table.c.updated_at],
+        sa.select(queued.c.id, sa.literal(summary.to_json(), sa.Text),
+                  sa.literal(utcnow(), table.c.updated_at.type)))
+        .on_conflict_do_nothing().cte("stored"))
+    with autocommit(sessions) as session:
+        return session.execute(sa.select(StudyRow).from_statement(
+            sa.select(*queued.c).add_cte(store))).scalar_one_or_none()
 
 
 def _insert(session: Session):
