@@ -215,7 +215,7 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
         if storage.engine.dialect.name == "postgresql":
             # one statement, so atomic without a transaction of its own: 1 round trip
             with autocommit_engine(storage.engine).connect() as conn:
-                return conn.execute(_one_statement_create(name, rows)).scalar_one()
+                return conn.execute(*_one_statement_create(name, rows)).scalar_one()
         with storage.engine.begin() as conn:
             study_id = conn.execute(sqlalchemy.insert(studies).values(study_name=name)
                                     .returning(studies.c.study_id)).scalar_one()
@@ -229,26 +229,41 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
     return study_id
 
 
-def _one_statement_create(name: str, rows: Mapping[type, list[dict]]) -> sqlalchemy.Select:
-    """PostgreSQL: the study's INSERT as a data-modifying ``WITH`` returning its id, and each
-    table's rows one ``INSERT ... SELECT`` of that id (a ``WITH`` each), in one statement.
-    A table's rows are inserted in their order (Optuna reads a study's directions in the
-    order of their ids); the tables' order does not matter."""
+def _one_statement_create(name: str, rows: Mapping[type, list[dict]]
+                          ) -> tuple[sqlalchemy.Select, dict[str, object]]:
+    """PostgreSQL: the statement that creates study ``name`` with ``rows``, and its
+    parameters (:func:`_create_statement`, built once per shape)."""
+    shape = tuple((model, len(values), tuple(values[0]))
+                  for model, values in rows.items() if values)
+    params: dict[str, object] = {"new_study_name": name}
+    for model, values in rows.items():
+        for i, value in enumerate(values):
+            params.update({f"{model.__tablename__}_{i}_{k}": v for k, v in value.items()})
+    return _create_statement(shape), params
+
+
+@functools.lru_cache(maxsize=32)
+def _create_statement(shape: tuple[tuple[type, int, tuple[str, ...]], ...]) -> sqlalchemy.Select:
+    """The study's INSERT as a data-modifying ``WITH`` returning its id, and each table's
+    rows one ``INSERT ... SELECT`` of that id (a ``WITH`` each), in one statement, bound by
+    ``new_study_name`` and ``TABLE_I_KEY``. A table's rows are inserted in their order (Optuna
+    reads a study's directions in the order of their ids); the tables' order does not
+    matter. Built once per ``shape`` (model, rows, keys): building it costs more than its
+    round trip."""
     studies = models.StudyModel.__table__
-    study = (sqlalchemy.insert(studies).values(study_name=name)
+    study = (sqlalchemy.insert(studies).values(study_name=sqlalchemy.bindparam("new_study_name"))
              .returning(studies.c.study_id).cte("new_study"))
     parts = []
-    for model, values in rows.items():
-        if not values:
-            continue
+    for model, n_rows, keys in shape:
         table = model.__table__
         ordered = sqlalchemy.union_all(*(sqlalchemy.select(
             study.c.study_id, sqlalchemy.literal(i).label("ordinal"),
-            *(sqlalchemy.cast(sqlalchemy.literal(v, table.c[k].type), table.c[k].type).label(k)
-              for k, v in value.items())) for i, value in enumerate(values))).subquery()
-        keys = ["study_id", *values[0]]
-        parts.append(sqlalchemy.insert(table).from_select(keys, sqlalchemy.select(
-            *(ordered.c[k] for k in keys)).order_by(ordered.c.ordinal))
+            *(sqlalchemy.cast(sqlalchemy.bindparam(f"{table.name}_{i}_{k}", type_=table.c[k].type),
+                              table.c[k].type).label(k) for k in keys))
+            for i in range(n_rows))).subquery()
+        columns = ["study_id", *keys]
+        parts.append(sqlalchemy.insert(table).from_select(columns, sqlalchemy.select(
+            *(ordered.c[k] for k in columns)).order_by(ordered.c.ordinal))
             .cte(f"insert_{table.name}"))
     return sqlalchemy.select(study.c.study_id).add_cte(*parts)
 

@@ -112,30 +112,38 @@ def queue_created(sessions: sessionmaker, name: str, summary: StudySummary) -> S
     """The CREATING study ``name`` made QUEUED, with its first ``summary`` stored, both or
     neither; the row as stored then, or None if no CREATING study has that name.
 
-    On PostgreSQL one statement in autocommit (the UPDATE a data-modifying ``WITH``, the
-    summary's INSERT a second reading its ``RETURNING``): 1 round trip instead of 4.
-    Elsewhere the UPDATE and :func:`store_summary` in one transaction."""
-    studies = StudyRow.__table__
-    queue = (sa.update(studies).where(studies.c.name == name,
-                                      studies.c.status == Status.CREATING)
-             .values(status=Status.QUEUED, updated_at=utcnow()))
+    On PostgreSQL one statement in autocommit (:func:`_queue_statements`): 1 round trip
+    instead of 4. Elsewhere the UPDATE and :func:`store_summary` in one transaction."""
+    queue, queue_and_store = _queue_statements()
+    params = {"study_name": name, "queued_at": utcnow(), "summary_json": summary.to_json()}
     if sessions.kw["bind"].dialect.name != "postgresql":
         with sessions.begin() as session:
-            row = session.execute(sa.select(StudyRow).from_statement(
-                queue.returning(*studies.c))).scalar_one_or_none()
+            row = session.execute(queue, params).scalar_one_or_none()
             if row is not None:
                 store_summary(session, row.id, summary)
         return row
-    queued = queue.returning(*studies.c).cte("queued")
-    table = SummaryRow.__table__
-    store = (sa.dialects.postgresql.insert(table).from_select(
-        [table.c.study_id, table.c.summary, table.c.updated_at],
-        sa.select(queued.c.id, sa.literal(summary.to_json(), sa.Text),
-                  sa.literal(utcnow(), table.c.updated_at.type)))
-        .on_conflict_do_nothing().cte("stored"))
     with autocommit(sessions) as session:
-        return session.execute(sa.select(StudyRow).from_statement(
-            sa.select(*queued.c).add_cte(store))).scalar_one_or_none()
+        return session.execute(queue_and_store, params).scalar_one_or_none()
+
+
+@functools.cache
+def _queue_statements() -> tuple[sa.Select, sa.Select]:
+    """:func:`queue_created`'s statements, bound by ``study_name``, ``queued_at`` and
+    ``summary_json`` (built once): the guarded UPDATE returning the row; and (PostgreSQL)
+    that UPDATE as a data-modifying ``WITH`` with the summary's INSERT reading its
+    ``RETURNING``."""
+    studies, summaries = StudyRow.__table__, SummaryRow.__table__
+    now = sa.bindparam("queued_at", type_=studies.c.updated_at.type)
+    update = (sa.update(studies).where(studies.c.name == sa.bindparam("study_name"),
+                                       studies.c.status == Status.CREATING)
+              .values(status=Status.QUEUED, updated_at=now).returning(*studies.c))
+    queued = update.cte("queued")
+    store = (sa.dialects.postgresql.insert(summaries).from_select(
+        [summaries.c.study_id, summaries.c.summary, summaries.c.updated_at],
+        sa.select(queued.c.id, sa.bindparam("summary_json", type_=sa.Text), now))
+        .on_conflict_do_nothing().cte("stored"))
+    return (sa.select(StudyRow).from_statement(update),
+            sa.select(StudyRow).from_statement(sa.select(*queued.c).add_cte(store)))
 
 
 def _insert(session: Session):
