@@ -37,6 +37,7 @@ from hpo.engines import (
 )
 from hpo.errors import StorageError
 from hpo.pinned import require
+from hpo.study_sql import create_statement, one_statement, study_delete_statements
 
 OPTUNA_VERSION = "5.0.0"
 
@@ -232,40 +233,14 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
 def _one_statement_create(name: str, rows: Mapping[type, list[dict]]
                           ) -> tuple[sqlalchemy.Select, dict[str, object]]:
     """PostgreSQL: the statement that creates study ``name`` with ``rows``, and its
-    parameters (:func:`_create_statement`, built once per shape)."""
-    shape = tuple((model, len(values), tuple(values[0]))
-                  for model, values in rows.items() if values)
+    parameters (:func:`hpo.study_sql.create_statement`, built once per shape)."""
+    tables = {model.__table__.name: values for model, values in rows.items() if values}
     params: dict[str, object] = {"new_study_name": name}
-    for model, values in rows.items():
+    for table, values in tables.items():
         for i, value in enumerate(values):
-            params.update({f"{model.__tablename__}_{i}_{k}": v for k, v in value.items()})
-    return _create_statement(shape), params
-
-
-@functools.lru_cache(maxsize=32)
-def _create_statement(shape: tuple[tuple[type, int, tuple[str, ...]], ...]) -> sqlalchemy.Select:
-    """The study's INSERT as a data-modifying ``WITH`` returning its id, and each table's
-    rows one ``INSERT ... SELECT`` of that id (a ``WITH`` each), in one statement, bound by
-    ``new_study_name`` and ``TABLE_I_KEY``. A table's rows are inserted in their order (Optuna
-    reads a study's directions in the order of their ids); the tables' order does not
-    matter. Built once per ``shape`` (model, rows, keys): building it costs more than its
-    round trip."""
-    studies = models.StudyModel.__table__
-    study = (sqlalchemy.insert(studies).values(study_name=sqlalchemy.bindparam("new_study_name"))
-             .returning(studies.c.study_id).cte("new_study"))
-    parts = []
-    for model, n_rows, keys in shape:
-        table = model.__table__
-        ordered = sqlalchemy.union_all(*(sqlalchemy.select(
-            study.c.study_id, sqlalchemy.literal(i).label("ordinal"),
-            *(sqlalchemy.cast(sqlalchemy.bindparam(f"{table.name}_{i}_{k}", type_=table.c[k].type),
-                              table.c[k].type).label(k) for k in keys))
-            for i in range(n_rows))).subquery()
-        columns = ["study_id", *keys]
-        parts.append(sqlalchemy.insert(table).from_select(columns, sqlalchemy.select(
-            *(ordered.c[k] for k in columns)).order_by(ordered.c.ordinal))
-            .cte(f"insert_{table.name}"))
-    return sqlalchemy.select(study.c.study_id).add_cte(*parts)
+            params.update({f"{table}_{i}_{k}": v for k, v in value.items()})
+    shape = tuple((table, len(values), tuple(values[0])) for table, values in tables.items())
+    return create_statement(models.BaseModel.metadata, shape), params
 
 
 def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
@@ -300,13 +275,12 @@ def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
     if not isinstance(storage, optuna.storages.RDBStorage) or statements is None:
         storage.delete_study(study_id)
         return
-    if storage.engine.dialect.name == "postgresql":
-        statements = (one_statement(statements),)
+    one = storage.engine.dialect.name == "postgresql"
     for attempt in range(DELETE_TRIES):
         try:
-            if len(statements) == 1:  # atomic as one statement: no transaction of its own
+            if one:  # atomic as one statement: no transaction of its own
                 with autocommit_engine(storage.engine).connect() as conn:
-                    result = conn.execute(statements[0], {"study_id": study_id})
+                    result = conn.execute(one_statement(statements), {"study_id": study_id})
             else:
                 with _create_scoped_session(storage.scoped_session) as session:
                     for statement in statements:
@@ -322,48 +296,6 @@ def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
 
 
 DELETE_TRIES = 3
-
-
-@functools.cache
-def study_delete_statements(
-        metadata: sqlalchemy.MetaData) -> tuple[sqlalchemy.Delete, ...] | None:
-    """:func:`delete_study`'s DELETEs for the tables of ``metadata`` (Optuna's ORM metadata),
-    in order, bound by ``study_id``; None when a table references a study's rows other
-    than by ``trials.trial_id`` or ``studies.study_id``."""
-    studies, trials = metadata.tables["studies"], metadata.tables["trials"]
-    tables = metadata.sorted_tables  # each after the tables it references
-    owned = {studies}  # tables that have rows of a study
-    for table in tables:
-        if any(fk.column.table in owned for fk in table.foreign_keys):
-            owned.add(table)
-    study_id = sqlalchemy.bindparam("study_id")
-    trial_ids = sqlalchemy.select(trials.c.trial_id).where(trials.c.study_id == study_id)
-    statements = []
-    for table in reversed(tables):  # children first
-        conditions = []
-        for fk in (fk for fk in table.foreign_keys if fk.column.table in owned):
-            if fk.column is studies.c.study_id:
-                conditions.append(fk.parent == study_id)
-            elif fk.column is trials.c.trial_id and table is not trials:
-                conditions.append(fk.parent.in_(trial_ids))
-            else:
-                return None
-        if conditions:
-            statements.append(sqlalchemy.delete(table).where(sqlalchemy.or_(*conditions)))
-    statements.append(sqlalchemy.delete(studies).where(studies.c.study_id == study_id))
-    return tuple(statements)
-
-
-@functools.cache
-def one_statement(statements: tuple[sqlalchemy.Delete, ...]) -> sqlalchemy.Delete:
-    """The last of ``statements`` with each earlier one as a data-modifying ``WITH``
-    (PostgreSQL only): one round trip. Every part reads the snapshot the statement
-    started with (the trials' children still find their trials), and PostgreSQL checks
-    foreign keys after the whole statement, so the parts' order does not matter."""
-    last = statements[-1]
-    for i, statement in enumerate(statements[:-1]):
-        last = last.add_cte(statement.cte(f"delete_{i}"))
-    return last
 
 
 def system_attr_keys(storage: optuna.storages.BaseStorage, study_id: int,
