@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.trainers.cli_in_process import run_main
 from trainers.config import TrainConfig
 from trainers.fields import describe
 
@@ -33,7 +34,7 @@ def test_bad_options_exit_nonzero_naming_the_option():
              ("digits", "--precision", "fp8"): "--precision", ("digits", "--bogus", "1"): "--bogus",
              ("digitz",): "digitz", ("digits", "--width", "0"): "--width"}
     for args, name in cases.items():
-        proc = _cli(*args)
+        proc = run_main(*args)
         assert proc.returncode == 2, args
         assert name in proc.stderr, (args, proc.stderr)
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import trainers
+from tests.trainers.cli_in_process import run_main
 from trainers import checkpoint as ckpt
 from trainers.errors import CheckpointError
 from trainers.model_file import (
@@ -138,7 +139,7 @@ def test_cli_bad_option_or_file_exits_2_naming_it(tmp_path):
     cases = {("--task-option", "bogus=1"): "'bogus'", ("--task-option", "width"): "KEY=VALUE",
              ("--task-option", "width=wide"): "width: expected int"}
     for args, text in cases.items():
-        proc = _cli(str(path), *args)
+        proc = run_main("evaluate", str(path), *args)
         assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr)
-    proc = _cli(str(tmp_path / "nothing.pt"))
+    proc = run_main("evaluate", str(tmp_path / "nothing.pt"))
     assert proc.returncode == 2 and "no such model file" in proc.stderr
