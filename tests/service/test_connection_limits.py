@@ -22,24 +22,12 @@ SAFETY_S = 60  # a socket that hears nothing this long fails the test (the old s
 
 
 @contextlib.contextmanager
-def guarded_server(tmp_path, send_buffer_bytes: int | None = None, **limits):
-    """``hpo serve``'s uvicorn config (no Ray, no dispatcher) in a thread; yields the server.
-
-    ``send_buffer_bytes`` fixes the kernel's send buffer of every accepted connection (Linux
-    copies it from the listening socket), so how much of an answer the kernel takes before the
-    server's own write buffer fills does not depend on the machine's ``tcp_wmem`` autotuning
-    (up to 4 MB here, more elsewhere: a 6.4 MB answer could fit whole)."""
+def guarded_server(tmp_path, **limits):
+    """``hpo serve``'s uvicorn config (no Ray, no dispatcher) in a thread; yields the server."""
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'hpo.db'}", port=free_port(),
                         results_dir=tmp_path / "results", run_dispatcher=False, **limits)
     server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level="warning"))
-    sockets = None
-    if send_buffer_bytes is not None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
-        listener.bind((settings.host, settings.port))
-        sockets = [listener]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:

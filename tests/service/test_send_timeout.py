@@ -47,8 +47,7 @@ def body_of(answer: bytes) -> bytes:
 
 @pytest.mark.server
 def test_clients_that_never_read_their_answer_lose_their_slot_after_the_send_timeout(tmp_path):
-    with guarded_server(tmp_path, send_buffer_bytes=64 * 1024, max_connections=2,
-                        send_timeout_s=1.0) as server:
+    with guarded_server(tmp_path, max_connections=2, send_timeout_s=1.0) as server:
         holders = [small_window_client(server) for _ in range(2)]
         try:
             for holder in holders:  # each is answered (not refused by the limit) ...
