@@ -54,6 +54,7 @@ def test_invalid_spec_exits_2_naming_each_field(tmp_path):
     assert missing.returncode == 2 and "cannot read" in missing.stderr
 
 
+@pytest.mark.slow  # 12 s here (2 idle cores)
 def test_a_cluster_that_is_down_is_a_clear_error_at_once(tmp_path):
     import socket
 

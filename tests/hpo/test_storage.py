@@ -47,6 +47,7 @@ def _reader(url: str, name: str, n: int, errors) -> None:
         errors.put(traceback.format_exc())
 
 
+@pytest.mark.slow  # 7 s here (2 idle cores)
 def test_four_writers_and_a_dashboard_reader_never_hit_database_is_locked(tmp_path):
     # optuna#820, optuna-dashboard#545
     url = f"sqlite:///{tmp_path / 'busy.db'}"
@@ -123,6 +124,7 @@ def test_bulk_user_attributes_match_optunas_own_setter_on_sqlite(tmp_path):
     _bulk_matches_per_key(open_storage(f"sqlite:///{tmp_path / 'a.db'}"), "bulk")
 
 
+@pytest.mark.slow  # 5.5 s here (2 idle cores)
 def test_bulk_user_attributes_match_optunas_own_setter_on_postgresql(pg_url, unique_name):
     _bulk_matches_per_key(open_storage(pg_url), unique_name)
 

@@ -244,6 +244,7 @@ def forget_module(monkeypatch):
     importlib.invalidate_caches()
 
 
+@pytest.mark.slow  # 6.5 s here (2 idle cores)
 def test_the_scaffold_installs_and_passes_the_check_and_its_own_test_unchanged(
         tmp_path, monkeypatch, forget_module):
     package, site = install_scaffold(tmp_path, "my-task")

@@ -252,6 +252,7 @@ def test_a_worker_without_its_claim_exits_75_and_leaves_the_study_alone(world, t
                              storage=app.state.components.studies.storage).trials == []
 
 
+@pytest.mark.slow  # 4.2-4.7 s here (2 idle cores)
 def test_a_warm_driver_is_kept_while_idle_and_handed_the_next_study(world):
     app, submit, dispatcher = world
     d = Dispatcher(Settings(**{**dispatcher().settings.__dict__, "warm_drivers": True}),
@@ -346,6 +347,7 @@ def test_a_warm_driver_whose_cluster_went_away_starts_afresh_and_fails_the_study
     d.shutdown(grace_s=5)
 
 
+@pytest.mark.slow  # 5.3 s here (2 idle cores)
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_burst_of_wakes_gets_one_round_per_gap_and_every_study_is_claimed(world):
     """Each create wakes the dispatcher; a burst of wakes within ``MIN_ROUND_GAP_S`` runs
@@ -402,6 +404,7 @@ def test_drivers_stopped_at_shutdown_before_they_requeue_put_their_studies_back(
     assert sorted(again.started) == ["s1", "s2"]
 
 
+@pytest.mark.slow  # 5.1 s here (2 idle cores)
 def test_a_spare_whose_preload_fails_still_says_ready(tmp_path):
     """The spare's preload (the dashboard's libraries, Optuna's migrations) is a head start
     only: an install whose optuna-dashboard does not import leaves the spare ready, and the

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 import yaml
 
 from hpo.spec import load_spec
@@ -73,6 +74,7 @@ def test_the_example_study_spec_is_valid_for_the_example_task(tmp_path, monkeypa
     assert spec.task == TASK_NAME and spec.objectives[0].metric == "val_loss"
 
 
+@pytest.mark.slow  # 9 s here (2 idle cores)
 def test_the_example_package_passes_its_own_tests_and_the_task_contract(tmp_path):
     site = install_example_task(tmp_path)  # its tests import the installed package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}

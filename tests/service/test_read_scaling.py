@@ -81,6 +81,7 @@ def _json(trial: optuna.trial.FrozenTrial, intermediate: bool) -> dict:
     return json.loads(TrialOut.of(trial, intermediate).model_dump_json())
 
 
+@pytest.mark.slow  # 4-9 s here (2 idle cores)
 @pytest.mark.parametrize("objectives", [1, 2])
 def test_study_view_trials_page_and_stop_cost_the_same_statements_at_20_and_520_trials(
         world, objectives):

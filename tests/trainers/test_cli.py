@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.trainers.cli_in_process import run_main
 from trainers.config import TrainConfig
 from trainers.fields import describe
@@ -39,6 +41,7 @@ def test_bad_options_exit_nonzero_naming_the_option():
         assert name in proc.stderr, (args, proc.stderr)
 
 
+@pytest.mark.slow  # 16 s here (2 idle cores)
 def test_train_then_resume(tmp_path):
     ckpt = tmp_path / "ckpt"
     summary = tmp_path / "summary.json"
@@ -56,6 +59,7 @@ def test_train_then_resume(tmp_path):
         "step     69"]
 
 
+@pytest.mark.slow  # 11 s here (2 idle cores)
 def test_resuming_a_copy_writes_into_the_copy_only(tmp_path):
     original, copy = tmp_path / "orig", tmp_path / "copy"
     assert _cli("digits", "--max-updates", "10", "--max-epochs", "none", "--eval-interval", "5",
@@ -68,6 +72,7 @@ def test_resuming_a_copy_writes_into_the_copy_only(tmp_path):
     assert (copy / "checkpoint-00000020").is_dir()
 
 
+@pytest.mark.slow  # 12 s here (2 idle cores)
 def test_resume_with_another_optimizer_fails_with_a_message(tmp_path):
     assert _cli("digits", "--max-updates", "2", "--max-epochs", "none", "--checkpoint-dir",
                 str(tmp_path), "--quiet").returncode == 0

@@ -16,6 +16,8 @@ from trainers import ListReporter, TrainConfig, fit
 
 REPO = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.slow  # the torchrun of the module fixture: 8 s here (2 idle cores)
+
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):

@@ -121,6 +121,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow  # 5.6 s here (2 idle cores)
 def test_cli_prints_the_metrics_as_one_json_line_and_takes_task_options(tmp_path):
     result = _train(tmp_path, ema_decay=0.8)
     path = save_model_file(model_from_checkpoint(tmp_path / "ckpt"), tmp_path / "m.pt")

@@ -12,6 +12,7 @@ from trainers.tasks import create, get_task, list_tasks
 from trainers.tasks.charlm import CharLMTask, stdlib_files
 
 
+@pytest.mark.slow  # 8 s here (2 idle cores)
 def test_digits_default_config_reaches_97_percent():
     task, config = create("digits")
     result = fit(task, config)
