@@ -6,12 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # 5 s here (2 idle cores)
 def test_importing_trainers_loads_no_ray_optuna_or_fastapi():
     code = (
         "import sys, trainers\n"
