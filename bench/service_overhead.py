@@ -132,6 +132,7 @@ def _raw_trainable(config):
 
 
 def bench_raw_tune(n: int, concurrency: int, workdir: Path) -> float:
+    import tensorboardX  # noqa: F401 - Tune's TBX logger imports it in fit(): start-up
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 

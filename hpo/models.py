@@ -139,28 +139,30 @@ class ModelKeeper:
         self.held: dict[int, tuple[int, str]] = {}  # number -> (trial id, artifact id)
 
     def trial_complete(self, storage: optuna.storages.BaseStorage, study_id: int,
-                       trial_id: int, values: Sequence[float], checkpoint: str | None) -> None:
-        """A trial of the study ``study_id`` is about to be told COMPLETE with ``values``
-        (one per objective): keep its model, from the checkpoint directory ``checkpoint``,
-        if it is among the best, and delete the models that no longer are. Never raises."""
+                       trial_id: int, number: int, values: Sequence[float],
+                       checkpoint: str | None) -> None:
+        """Trial ``number`` (id ``trial_id``) of the study ``study_id`` is about to be told
+        COMPLETE with ``values`` (one per objective): keep its model, from the checkpoint
+        directory ``checkpoint``, if it is among the best, and delete the models that no
+        longer are. The trial is read from the storage only to keep its model. Never
+        raises."""
         try:
-            self._trial_complete(storage, study_id, trial_id, list(values), checkpoint)
+            self._trial_complete(storage, study_id, trial_id, number, list(values), checkpoint)
         except Exception:  # noqa: BLE001 - keeping a model never fails the trial
             log.exception("the model of trial id %s was not kept", trial_id,
                           extra={"study": self.study})
 
-    def _trial_complete(self, storage, study_id: int, trial_id: int, values: list[float],
-                        checkpoint: str | None) -> None:
-        trial = storage.get_trial(trial_id)
+    def _trial_complete(self, storage, study_id: int, trial_id: int, number: int,
+                        values: list[float], checkpoint: str | None) -> None:
         if self.complete is None:
             self._load(storage, study_id)
-        self.complete[trial.number] = values
+        self.complete[number] = values
         best = set(rank(self.complete.items(), self.directions)[:self.keep])
-        if trial.number in best:
+        if number in best:
             if checkpoint:
-                self._upload(storage, trial, values, checkpoint)
+                self._upload(storage, storage.get_trial(trial_id), values, checkpoint)
             else:
-                log.warning("trial %d has no checkpoint: no model kept", trial.number,
+                log.warning("trial %d has no checkpoint: no model kept", number,
                             extra={"study": self.study})
         for number in [n for n in self.held if n not in best]:
             self._remove(storage, number)

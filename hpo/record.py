@@ -54,7 +54,6 @@ from hpo.trialvalues import final_values, last_values, set_constraints
 
 log = logging.getLogger(__name__)
 
-RESUME_KEY = "_hpo_resume_from"  # in a trial's config: the checkpoint an adopted trial resumes
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
 STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
@@ -381,8 +380,8 @@ class StudyRecord:
         if state == TrialState.COMPLETE and self.models is not None and \
                 feasible is not False:  # before tell: Optuna takes no artifact meta on a
             # finished trial; an infeasible trial is never among the best
-            self.models.trial_complete(self.storage, self.study_id, t.trial_id, values,
-                                       checkpoint or t.checkpoint)
+            self.models.trial_complete(self.storage, self.study_id, t.trial_id, t.number,
+                                       values, checkpoint or t.checkpoint)
         self.study.tell(t.number, values, state=state, skip_if_finished=True)
         t.told = True
         log.info("trial %d ended %s%s", t.number, state.name,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import ray.util
 from ray.tune import Callback
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from hpo.errors import public_message
@@ -134,3 +135,56 @@ def _error_text(trial) -> str:
         except Exception:  # noqa: BLE001 - no storage or file (a trial Tune never started)
             text = None
     return str(text or "the trial failed without an error message")
+
+
+# -- Tune's per-trial log files, off ------------------------------------------------------
+
+
+class _WritesNothing:
+    """A Tune logger callback that writes no file: the study's record is its Optuna storage
+    (every result, as intermediate values and attributes), which the dashboard and the REST
+    API read; Tune's ``progress.csv``, ``result.json`` and TensorBoard events of each trial
+    would be a second copy, written on Tune's event loop at every result (in
+    ``bench/service_overhead.py`` they cost the driver about three times what they cost
+    raw Tune, as a result carries the loop's metrics), that nothing reads. Tune adds those
+    three loggers unless the run has its own (``ray.tune.utils.callback``: the
+    ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`` variable would switch them off for the whole
+    process)."""
+
+    _SAVED_FILE_TEMPLATES: list[str] = []
+
+    def __init__(self) -> None:  # TBXLoggerCallback's imports tensorboardX (seconds)
+        pass
+
+    def log_trial_start(self, trial) -> None:
+        pass
+
+    def log_trial_restore(self, trial) -> None:
+        pass
+
+    def log_trial_save(self, trial) -> None:
+        pass
+
+    def log_trial_result(self, iteration, trial, result) -> None:
+        pass
+
+    def log_trial_end(self, trial, failed: bool = False) -> None:
+        pass
+
+
+class NoCSVLog(_WritesNothing, CSVLoggerCallback):
+    """Stands in for Tune's ``CSVLoggerCallback``; writes nothing (see ``no_trial_logs``)."""
+
+
+class NoJsonLog(_WritesNothing, JsonLoggerCallback):
+    """Stands in for Tune's ``JsonLoggerCallback``; writes nothing (see ``no_trial_logs``)."""
+
+
+class NoTBXLog(_WritesNothing, TBXLoggerCallback):
+    """Stands in for Tune's ``TBXLoggerCallback``; writes nothing (see ``no_trial_logs``)."""
+
+
+def no_trial_logs() -> list[Callback]:
+    """Callbacks that keep Tune from adding its per-trial log files to a run (see
+    ``_WritesNothing``)."""
+    return [NoCSVLog(), NoJsonLog(), NoTBXLog()]

@@ -32,7 +32,7 @@ from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 from hpo.stopping import StudyStopRule
 from hpo.storage import open_storage
 from hpo.taskcode import task_code
-from hpo.tune.callback import RecordCallback
+from hpo.tune.callback import RecordCallback, no_trial_logs
 from hpo.tune.pbt import build_pbt, remove_pins
 from hpo.tune.pbt import param_space as pbt_param_space
 from hpo.tune.schedulers import RecordingScheduler, build_scheduler
@@ -220,7 +220,7 @@ def build_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: P
         reuse_actors=spec.resources.workers == 1, time_budget_s=spec.budget.timeout_s)
     run_config = tune.RunConfig(
         name=spec.name, storage_path=str(results_dir.resolve()), verbose=0, stop=stopper,
-        callbacks=[RecordCallback(record, spec.scheduler.name, on_change),
+        callbacks=[RecordCallback(record, spec.scheduler.name, on_change), *no_trial_logs(),
                    *([ScratchCleanup(fsdp_scratch(results_dir.resolve()))]
                      if spec.resources.parallelism == "fsdp" else [])],
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),

@@ -20,8 +20,9 @@ from pathlib import Path
 from ray.tune.search import BasicVariantGenerator, Searcher
 
 from hpo.gate import GateKeeper, TrialResources
-from hpo.record import RESUME_KEY, Orphan, StudyRecord
+from hpo.record import Orphan, StudyRecord
 from hpo.stopping import StudyStopRule
+from hpo.tune.trainable import RESUME_KEY
 
 
 class StudySearcher(Searcher):

@@ -44,8 +44,12 @@ import torch
 from ray import tune
 
 import trainers
-from hpo.record import RESUME_KEY
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
+
+# In a trial's config: the checkpoint an adopted trial resumes from (``hpo.tune.searcher``).
+# Defined here, not in hpo.record: a trial's new worker process imports this module, and
+# hpo.record's imports (Optuna's storage, SQLAlchemy, the model keeper) cost it about 1 s.
+RESUME_KEY = "_hpo_resume_from"
 
 
 @dataclasses.dataclass(frozen=True)

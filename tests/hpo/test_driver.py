@@ -58,6 +58,20 @@ def test_fifo_records_every_result_and_the_last_value(sqlite_url, tmp_path):
         assert "checkpoint_" in attrs["checkpoint"]
 
 
+def test_trials_leave_no_tune_log_files_only_their_record(sqlite_url, tmp_path):
+    """Tune's per-trial progress.csv, result.json, params.json and TensorBoard events are
+    not written (hpo.tune.callback.no_trial_logs); the checkpoints still are."""
+    out, trials = run(toy_spec("no-tune-logs", budget={"n_trials": 2}), sqlite_url, tmp_path)
+    assert out.counts.complete == 2
+    trial_dirs = [d for d in (tmp_path / "ray" / "no-tune-logs").iterdir() if d.is_dir()]
+    assert len(trial_dirs) == 2
+    names = {p.name for d in trial_dirs for p in d.iterdir()}
+    assert not names & {"progress.csv", "result.json", "params.json", "params.pkl"}
+    assert not [n for n in names if n.startswith("events.out.tfevents")]
+    assert all(any(p.name.startswith("checkpoint_") for p in d.iterdir()) for d in trial_dirs)
+    assert all(t.user_attrs["checkpoint"].startswith(str(tmp_path)) for t in trials)
+
+
 def _check_pruned_and_complete(trials, stopper: str):
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]

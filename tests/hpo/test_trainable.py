@@ -15,10 +15,10 @@ import ray
 from optuna.trial import TrialState
 from ray import tune
 
-from hpo.record import RESUME_KEY, StudyRecord
+from hpo.record import StudyRecord
 from hpo.spec import parse_spec
 from hpo.storage import open_storage
-from hpo.tune.trainable import TrialSetup, train_trial
+from hpo.tune.trainable import RESUME_KEY, TrialSetup, train_trial
 
 # early stopping on a real curve: nothing beats the first evaluation by 1e9, so the
 # third evaluation (update 6) exhausts a patience of 2
