@@ -164,8 +164,8 @@ class ModelKeeper:
             else:
                 log.warning("trial %d has no checkpoint: no model kept", number,
                             extra={"study": self.study})
-        for number in [n for n in self.held if n not in best]:
-            self._remove(storage, number)
+        for other in [n for n in self.held if n not in best]:
+            self._remove(storage, other)
 
     def _load(self, storage, study_id: int) -> None:
         self.directions = [d.name.lower() for d in storage.get_study_directions(study_id)]

@@ -171,6 +171,9 @@ class _WritesNothing:
     def log_trial_end(self, trial, failed: bool = False) -> None:
         pass
 
+    def update_config(self, trial, config) -> None:  # JsonLoggerCallback's params.json
+        pass
+
 
 class NoCSVLog(_WritesNothing, CSVLoggerCallback):
     """Stands in for Tune's ``CSVLoggerCallback``; writes nothing (see ``no_trial_logs``)."""
