@@ -147,9 +147,10 @@ class _WritesNothing:
     would be a second copy, written on Tune's event loop at every result (in
     ``bench/service_overhead.py`` they cost the driver about three times what they cost
     raw Tune, as a result carries the loop's metrics), that nothing reads. Tune adds those
-    three loggers unless the run has its own (``ray.tune.utils.callback``: the
-    ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`` variable would switch them off for the whole
-    process)."""
+    three loggers unless the run has its own (``ray.tune.utils.callback``). Not Tune's
+    ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`` variable, as ``hpo.tune.driver`` sets Tune's
+    other switches: that would reach every Tune run of the process importing the driver
+    (a user's own experiments, the benchmarks' raw Tune), not only this study's."""
 
     _SAVED_FILE_TEMPLATES: list[str] = []
 
