@@ -18,9 +18,17 @@ set here), ASHA's rungs at 1 and 4 epochs (grace 1 epoch, reduction factor 4), 2
 at a time and the same budget; the model-based systems (hpo, raw Tune, Optuna alone) get
 the same TPE sampler, built by ``hpo.space.build_sampler`` from the same spec (8 random
 start-up trials, multivariate, constant liar: the spec's defaults), and the random ones
-the same random sampler. The task and target were chosen by one property of the trial
-counts, never by a system's time: that the median search needs at least 15 trials and
-random search clearly more (issue 18, point 4), with random search still reaching the
+the same random sampler. That is also what a user wiring Optuna or Ray Tune by hand
+from the same spec gets: Optuna 5's ``TPESampler`` is multivariate with a constant liar
+by default, so ``TPESampler(seed=..., n_startup_trials=8)`` draws exactly the product's
+trials (checked: the same suggestions, seed for seed). What differs is how a trial that
+ASHA stopped is told to the sampler: PRUNED with its intermediate values by the product
+and Optuna alone, its last value as COMPLETE by Ray's ``OptunaSearch``
+(``bench/ttt_samplers.py`` measures that difference without Ray).
+
+The task and target were chosen by one property of the trial counts, never by a
+system's time: that the median search needs at least 15 trials and random search
+clearly more (issue 18, point 4), with random search still reaching the
 target within the budget in most runs, so its median is a time, not a cap.
 
 Calibration (this machine, one process, trials one after another; the same TPE or

@@ -1,0 +1,209 @@
+"""Trials to target of TPE settings on ``time_to_target.py``'s task, simulated without Ray.
+
+Issue 18, point 4: which sampler settings a system brings decides how many trials the
+search needs, and ``time_to_target.py`` measures that with 10 seeds at minutes per seed.
+This script answers the sampler's part alone, 20 seeds in a few minutes: one process,
+the same ``digits`` task, space, target, budget (80) and ASHA rungs (1 and 4 of 6
+epochs, reduction factor 4) as that bench, 2 trials in flight (each trial's training
+runs in a thread of its own, one at a time, with its own global random state, and hands
+every evaluation over; the trial with fewer epochs trains next, so the two interleave
+epoch by epoch as two equal workers would), and
+Ray's ASHA rule (``AsyncHyperBandScheduler``): at a rung, a trial whose value is below
+the 75th percentile of the values recorded there before it stops.
+
+How a stopped trial is told to the sampler (``--tell``):
+
+* ``pruned``: as this product's record does (and Optuna's own pruning): PRUNED, with its
+  intermediate values, so TPE ranks it below every COMPLETE trial, by how far it got;
+* ``complete``: as Ray's ``OptunaSearch`` does (``on_trial_complete`` tells the last
+  result as a COMPLETE value, whether ASHA stopped the trial or not).
+
+``--variant`` is ``random`` or the JSON keyword arguments of ``optuna.samplers.TPESampler``
+besides the seed: this product's defaults on the example's spec are
+``{"n_startup_trials": 8, "multivariate": true, "constant_liar": true}``, a hand-wired
+Optuna or Ray Tune on the same spec ``{"n_startup_trials": 8}``.
+
+Prints each seed's trial (start rank) and epochs to the target, then the medians and the
+runs that never reached it (counted as infinite). Only the search differs from the
+bench: no system's time is in it.
+"""
+
+import argparse
+import json
+import math
+import queue
+import random
+import statistics
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import optuna
+import torch
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+
+from time_to_target import EXAMPLE, REDUCTION_FACTOR  # noqa: E402
+
+import trainers  # noqa: E402
+from hpo.space import distributions  # noqa: E402
+from hpo.spec import load_spec, parse_spec  # noqa: E402
+
+TASK = "trainers.tasks.digits:DigitsTask"
+RUNGS = (4, 1)  # epochs, highest first, as Ray's bracket checks them
+
+
+# One trial trains at a time, and each keeps its own global random state across its
+# hand-overs (dropout draws from torch's global generator), so that a configuration's
+# curve is what it is in a process of its own, as in the real systems.
+BATON = threading.Lock()
+
+
+def random_state() -> tuple:
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def set_random_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    np.random.set_state(state[1])
+    random.setstate(state[2])
+
+
+class HandOver:
+    """A trial's reporter: every evaluation's val_accuracy out, a decision back in."""
+
+    def __init__(self) -> None:
+        self.values, self.decisions = queue.Queue(), queue.Queue()
+
+    def report(self, metrics, save_checkpoint):
+        state = random_state()
+        self.values.put(float(metrics["val_accuracy"]))
+        BATON.release()
+        decision = self.decisions.get()
+        BATON.acquire()
+        set_random_state(state)
+        return decision
+
+
+class RunningTrial:
+    """One trial training in a thread of its own, one evaluation at a time."""
+
+    def __init__(self, trial: optuna.Trial, rank: int, fixed: dict) -> None:
+        self.trial, self.rank, self.epoch, self.hand_over = trial, rank, 0, HandOver()
+
+        def train() -> None:
+            with BATON:
+                try:
+                    task, config = trainers.create(trainers.load_task(TASK),
+                                                   {**fixed, **trial.params})
+                    trainers.fit(task, config, self.hand_over)
+                finally:
+                    self.hand_over.values.put(None)
+
+        self.thread = threading.Thread(target=train, daemon=True)
+        self.thread.start()
+
+    def next_value(self) -> float:
+        value = self.hand_over.values.get()
+        if value is None:
+            raise RuntimeError(f"trial {self.rank} ended without an evaluation")
+        self.epoch += 1
+        return value
+
+    def decide(self, stop: bool) -> None:
+        self.hand_over.decisions.put(trainers.Decision.STOP if stop
+                                     else trainers.Decision.CONTINUE)
+        if stop:
+            self.thread.join()
+
+
+def sampler(variant: str, seed: int) -> optuna.samplers.BaseSampler:
+    if variant == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, **json.loads(variant))
+
+
+def asha_stops(rungs: dict[int, dict[int, float]], rank: int, epoch: int,
+               value: float) -> bool:
+    """Ray's ``_Bracket.on_result``: record at the highest rung reached; stop if below the
+    rung's (1 - 1/reduction factor) quantile of the values recorded before."""
+    for milestone in RUNGS:
+        if epoch < milestone or rank in rungs[milestone]:
+            continue
+        recorded = list(rungs[milestone].values())
+        rungs[milestone][rank] = value
+        return bool(recorded) and value < np.nanpercentile(
+            recorded, (1 - 1 / REDUCTION_FACTOR) * 100)
+    return False
+
+
+def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
+    """(trial, epochs) to the first evaluation at the target; (inf, inf) if never."""
+    data = load_spec(EXAMPLE).to_dict()
+    fixed = {**data["config"], "max_epochs": args.epochs, "val_fraction": args.val_fraction}
+    dists = distributions(parse_spec({**data, "config": fixed}))
+    study = optuna.create_study(direction="maximize", sampler=sampler(variant, seed))
+    rungs: dict[int, dict[int, float]] = {m: {} for m in RUNGS}
+    running: list[RunningTrial] = []
+    started = epochs = 0
+
+    def start() -> None:
+        nonlocal started
+        started += 1
+        running.append(RunningTrial(study.ask(dists), started, fixed))
+
+    while len(running) < 2 and started < args.trials:
+        start()
+    while running:
+        t = min(running, key=lambda r: (r.epoch, r.rank))
+        value = t.next_value()
+        epochs += 1
+        t.trial.report(value, t.epoch)
+        if value >= args.target:
+            t.decide(stop=True)
+            for other in running:
+                if other is not t:
+                    other.decide(stop=True)
+            return t.rank, epochs
+        done = t.epoch >= args.epochs
+        stop = asha_stops(rungs, t.rank, t.epoch, value) or done
+        t.decide(stop)
+        if stop:
+            if done or tell == "complete":
+                study.tell(t.trial, value)
+            else:
+                study.tell(t.trial, state=optuna.trial.TrialState.PRUNED)
+            running.remove(t)
+            if started < args.trials:
+                start()
+    return math.inf, math.inf
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", default="random",
+                        help="'random' or TPESampler's keyword arguments as JSON")
+    parser.add_argument("--tell", choices=["pruned", "complete"], default="pruned")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(20)))
+    parser.add_argument("--trials", type=int, default=80)
+    parser.add_argument("--target", type=float, default=0.9895)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--val-fraction", type=float, default=0.5)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    torch.set_num_threads(1)
+    results = []
+    for seed in args.seeds:
+        rank, epochs = simulate(args.variant, args.tell, seed, args)
+        results.append((rank, epochs))
+        print(f"seed {seed:3d}: trial {rank}, {epochs} epochs", flush=True)
+    ranks, epochs = [r for r, _ in results], [e for _, e in results]
+    print(f"{args.variant} ({args.tell}): median trials {statistics.median(ranks)}, epochs "
+          f"{statistics.median(epochs)}, never {sum(math.isinf(r) for r in ranks)} of "
+          f"{len(results)}")
+
+
+if __name__ == "__main__":
+    main()
