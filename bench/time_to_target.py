@@ -166,6 +166,8 @@ EXTRA_SYSTEMS = ["syne-bohb"]
 RAY_SYSTEMS = {"hpo", "raw-tune", "hpo-random"}
 REDUCTION_FACTOR = 4
 SYNE_SLEEP_S = 0.1
+# the task, target and budget (the docstring says why these)
+TRIALS, TARGET_ACCURACY, EPOCHS, VAL_FRACTION = 80, 0.9895, 6, 0.5
 REACHED = "REACHED"  # created in the trace directory once a trial reaches the target
 
 
@@ -639,10 +641,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--systems", nargs="+", default=["all"],
                         choices=["all", *SYSTEMS, *EXTRA_SYSTEMS])
-    parser.add_argument("--trials", type=int, default=80, help="trials per study")
-    parser.add_argument("--target", type=float, default=0.9895, help="val_accuracy to reach")
-    parser.add_argument("--epochs", type=int, default=6, help="epochs per trial at most")
-    parser.add_argument("--val-fraction", type=float, default=0.5,
+    parser.add_argument("--trials", type=int, default=TRIALS, help="trials per study")
+    parser.add_argument("--target", type=float, default=TARGET_ACCURACY,
+                        help="val_accuracy to reach")
+    parser.add_argument("--epochs", type=int, default=EPOCHS, help="epochs per trial at most")
+    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
                         help="digits' validation fraction (the rest trains)")
     parser.add_argument("--full-budget", action="store_true",
                         help="run every study to its budget (default: stop once reached)")

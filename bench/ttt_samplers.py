@@ -19,9 +19,9 @@ How a stopped trial is told to the sampler (``--tell``):
   result as a COMPLETE value, whether ASHA stopped the trial or not).
 
 ``--variant`` is ``random`` or the JSON keyword arguments of ``optuna.samplers.TPESampler``
-besides the seed: this product's defaults on the example's spec are
-``{"n_startup_trials": 8, "multivariate": true, "constant_liar": true}``, a hand-wired
-Optuna or Ray Tune on the same spec ``{"n_startup_trials": 8}``.
+besides the seed. ``{"n_startup_trials": 8}`` is both this product's sampler on the
+example's spec and a hand-wired Optuna or Ray Tune's on the same spec: Optuna 5's TPE
+is multivariate with a constant liar by default, as the product's is.
 
 Prints each seed's trial (start rank) and epochs to the target, then the medians and the
 runs that never reached it (counted as infinite). Only the search differs from the
@@ -45,7 +45,7 @@ import torch
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from time_to_target import EXAMPLE, REDUCTION_FACTOR  # noqa: E402
+import time_to_target as ttt  # noqa: E402
 
 import trainers  # noqa: E402
 from hpo.space import distributions  # noqa: E402
@@ -135,13 +135,13 @@ def asha_stops(rungs: dict[int, dict[int, float]], rank: int, epoch: int,
         recorded = list(rungs[milestone].values())
         rungs[milestone][rank] = value
         return bool(recorded) and value < np.nanpercentile(
-            recorded, (1 - 1 / REDUCTION_FACTOR) * 100)
+            recorded, (1 - 1 / ttt.REDUCTION_FACTOR) * 100)
     return False
 
 
 def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
     """(trial, epochs) to the first evaluation at the target; (inf, inf) if never."""
-    data = load_spec(EXAMPLE).to_dict()
+    data = load_spec(ttt.EXAMPLE).to_dict()
     fixed = {**data["config"], "max_epochs": args.epochs, "val_fraction": args.val_fraction}
     dists = distributions(parse_spec({**data, "config": fixed}))
     study = optuna.create_study(direction="maximize", sampler=sampler(variant, seed))
@@ -187,10 +187,10 @@ def main() -> None:
                         help="'random' or TPESampler's keyword arguments as JSON")
     parser.add_argument("--tell", choices=["pruned", "complete"], default="pruned")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(20)))
-    parser.add_argument("--trials", type=int, default=80)
-    parser.add_argument("--target", type=float, default=0.9895)
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--val-fraction", type=float, default=0.5)
+    parser.add_argument("--trials", type=int, default=ttt.TRIALS)
+    parser.add_argument("--target", type=float, default=ttt.TARGET_ACCURACY)
+    parser.add_argument("--epochs", type=int, default=ttt.EPOCHS)
+    parser.add_argument("--val-fraction", type=float, default=ttt.VAL_FRACTION)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     torch.set_num_threads(1)
