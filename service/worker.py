@@ -61,9 +61,19 @@ class Heartbeat(threading.Thread):
         self.stop_requested = threading.Event()
         self.shutdown_requested = threading.Event()
         self._done = threading.Event()
+        self._fresh_read = False  # should_stop's first call beats at once
 
     def should_stop(self) -> bool:
-        """Polled by ``run_study``: a user asked to stop the study."""
+        """Polled by ``run_study``: a user asked to stop the study. The first call (made
+        once the driver is set up, before its first trial starts) beats at once, so a
+        stop that came during the set-up starts no trial; later calls read what the
+        last heartbeat saw."""
+        if not self._fresh_read:
+            self._fresh_read = True
+            try:
+                self.beat()
+            except sa.exc.SQLAlchemyError as e:  # transient: the heartbeat thread reads on
+                log.warning("heartbeat failed: %s", e)
         return self.stop_requested.is_set()
 
     def should_interrupt(self) -> bool:

@@ -260,9 +260,12 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             cluster, a path every node can reach.
         num_cpus: CPUs of a local Ray (default: all).
         on_change: called with the record whenever a trial reports or ends.
-        should_stop: polled while the study runs; when it returns true, every
-            running trial is stopped and recorded as stopped by the user
-            (PRUNED, ``stopped_by: user``, unless it had trained to its end).
+        should_stop: polled while the study runs, and once before its first trial
+            starts; when it returns true, every running trial is stopped and recorded
+            as stopped by the user (PRUNED, ``stopped_by: user``, unless it had trained
+            to its end). A stop seen before the first trial starts none (Tune is not
+            started), unless trials an earlier driver left RUNNING are to be resumed:
+            those are resumed and stopped likewise.
         should_interrupt: polled likewise; when it returns true the driver stops
             and leaves its running trials RUNNING with their checkpoints, to be
             resumed by the next driver of the study (Ctrl-C, a service shutdown).
@@ -340,7 +343,11 @@ def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Pa
 
     started = time.monotonic()
     try:
-        build_tuner(spec, record, plan, results_dir, notify, stopper, keeper, stop_rule).fit()
+        # a stop (or interrupt) seen during the set-up starts no trial; orphans to resume
+        # go through Tune, which ends them as it ends running trials
+        if plan.resumes or not stopper.stop_all():
+            build_tuner(spec, record, plan, results_dir, notify, stopper, keeper,
+                        stop_rule).fit()
     finally:
         try:
             if not stopper.interrupted:  # an interrupted driver leaves its trials to the next

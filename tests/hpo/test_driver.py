@@ -247,3 +247,21 @@ def test_asha_trials_keep_checkpoints_only_where_they_can_be_used(sqlite_url, tm
     storage = open_storage(sqlite_url)  # the best keep_models (3) keep their models
     kept = [t for t in complete if model_meta(storage, t, spec.name) is not None]
     assert len(kept) == min(3, len(complete))
+
+
+@pytest.mark.parametrize("ask", ["stop", "interrupt"])
+def test_a_stop_seen_before_the_first_trial_starts_none(sqlite_url, tmp_path, ask):
+    # a stop (or interrupt) that came during the driver's set-up: Tune is not started, no
+    # trial is made, and the stop is polled exactly once before that choice
+    calls = []
+
+    def asked():
+        calls.append(ask)
+        return True
+
+    kw = {"should_stop": asked} if ask == "stop" else {"should_interrupt": asked}
+    out = run_study(toy_spec(f"stopped-early-{ask}"), sqlite_url, results_dir=tmp_path, **kw)
+    assert (out.stopped, out.interrupted) == ((True, False) if ask == "stop" else (False, True))
+    assert calls == [ask]
+    assert optuna.load_study(study_name=f"stopped-early-{ask}", storage=sqlite_url).trials == []
+    assert out.counts.finished == 0 and out.counts.running == 0

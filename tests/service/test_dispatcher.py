@@ -210,6 +210,36 @@ def test_a_driver_that_raises_fails_its_study_with_one_line_without_traceback_or
     assert answer["error"] == "OverflowError: int too large in <path>"
 
 
+def test_a_stop_during_the_drivers_set_up_is_seen_before_its_first_trial(world, monkeypatch):
+    """The driver's heartbeat reads the stop request every 2 s; the first poll of
+    ``should_stop`` (made before the first trial starts) reads it at once."""
+    import types
+
+    from service import worker
+
+    app, submit, dispatcher = world
+    seen = []
+
+    def run_study(*args, should_stop, **kwargs):
+        with TestClient(app) as client:  # the stop arrives while the driver sets up
+            token = create_token(app.state.components.sessions, "root", admin=True)
+            answer = client.post("/v1/studies/late-stop/stop", headers=bearer(token))
+            assert answer.status_code == 202 and answer.json()["status"] == "RUNNING"
+        seen.append(should_stop())
+        return types.SimpleNamespace(interrupted=False, stopped=seen[-1], stop_reason=None)
+
+    monkeypatch.setitem(sys.modules, "hpo.tune.driver", types.SimpleNamespace(
+        run_study=run_study))
+    monkeypatch.setattr(worker, "watch_for_interrupt", lambda event: None)
+    submit("late-stop")
+    d = dispatcher(heartbeat_s=600.0, heartbeat_timeout_s=1800.0)
+    d.run_once()
+    worker.drive(d.settings, app.state.components.sessions, "late-stop",
+                 d.drivers["late-stop"].claim)
+    assert seen == [True]
+    assert _rows(app)["late-stop"].status == "STOPPED"
+
+
 def test_a_driver_that_ended_its_study_is_reaped_without_changing_it(world):
     app, submit, dispatcher = world
     submit("done")
