@@ -352,8 +352,8 @@ class StudyService:
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
             shutil.rmtree(results, ignore_errors=True)
         with self.sessions.begin() as session:
-            remove_deleting(session, name)  # with its summary, into its owner's usage
             lease.forget(session.connection(), name)  # its driver lease, if free
+            remove_deleting(session, name)  # with its summary, into its owner's usage (last)
 
     # -- helpers ---------------------------------------------------------------------
 

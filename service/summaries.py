@@ -171,8 +171,11 @@ def remove_deleting(session: Session, name: str) -> None:
     """Delete the DELETING study ``name``'s row and its summary, and add the summary's
     finished device-seconds to its owner's usage in ``hpo_owner_usage``: the per-owner
     counter of ``service.metrics`` keeps them. Three statements: the summary's and the
-    row's ``DELETE ... RETURNING``, then one upsert (none for a study without owner or
-    summary). Nothing when no DELETING study has that name."""
+    row's ``DELETE ... RETURNING``, then one upsert, last, since it locks the owner's one
+    usage row until the commit (none for a study without owner, summary or finished
+    device-seconds: a study that never ran adds nothing, and concurrent deletes of one
+    owner's studies then wait on no shared row). Nothing when no DELETING study has that
+    name."""
     delete_summary, delete_row = _removal_statements()
     connection = session.connection()
     kept = connection.execute(delete_summary, {"name": name}).scalars().all()
@@ -180,6 +183,8 @@ def remove_deleting(session: Session, name: str) -> None:
     if not kept or not owners or owners[0] is None:
         return
     seconds = StudySummary.from_json(kept[0]).device_seconds_finished
+    if seconds <= 0:
+        return
     statement = _insert(session)(UsageRow).values(owner_id=owners[0], device_seconds=seconds)
     session.execute(statement.on_conflict_do_update(
         index_elements=[UsageRow.owner_id],

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hpo.summary import StudySummary, TrialCounts
 from service.app import create_app
-from service.db import StudyRow
+from service.db import StudyRow, TokenRow, UsageRow
 from tests.service.conftest import bearer, record_summary, tiny_spec
 
 
@@ -115,3 +115,23 @@ def test_unknown_methods_share_one_label(client, tokens):
     counted = {dict(labels)["method"]: value for (name, labels), value in values.items()
                if name == "hpo_http_requests_total"}
     assert counted == {"other": 20}  # this scrape is counted after it answers
+
+
+def test_deleting_studies_adds_their_finished_device_seconds_and_nothing_for_none(client,
+                                                                                   tokens):
+    # a deleted study's device-seconds move into its owner's usage row; one that never ran
+    # adds no row (concurrent deletes of one owner's unstarted studies share no row lock)
+    admin, alice, bob = (bearer(tokens[k]) for k in ("admin", "alice", "bob"))
+    for name, who in (("ran", alice), ("idle", bob), ("idle2", alice)):
+        assert client.post("/v1/studies", json=tiny_spec(name), headers=who).status_code == 201
+    _summarize(client, "ran", TrialCounts(complete=2), 3.5)
+    for name, who in (("ran", alice), ("idle", bob), ("idle2", alice)):
+        _set_status(client, name, "COMPLETED")
+        assert client.delete(f"/v1/studies/{name}", headers=who).status_code == 204
+    with client.app.state.components.sessions() as session:
+        usage = session.execute(sa.select(TokenRow.name, UsageRow.device_seconds).join(
+            TokenRow, TokenRow.id == UsageRow.owner_id)).all()
+    assert sorted(usage) == [("alice", 3.5)]
+    values = samples(client.get("/metrics", headers=admin).text)
+    assert values[("hpo_device_seconds_total", (("owner", "alice"),))] == 3.5
+    assert ("hpo_device_seconds_total", (("owner", "bob"),)) not in values
