@@ -131,14 +131,18 @@ def holder_gone(host: str | None, pid: int | None) -> bool:
 
 # -- one driver per study ----------------------------------------------------------------
 
+_HAS_LEASES: set[str] = set()  # databases (URLs) where hpo_leases is known to exist
+
 
 def create_table(engine: sa.Engine) -> None:
-    """Make ``hpo_leases`` unless it exists (two processes may race to make it)."""
+    """Make ``hpo_leases`` unless it exists (two processes may race to make it); after it,
+    :func:`forget` in this process no longer asks the database whether it exists."""
     try:
         _metadata.create_all(engine, checkfirst=True)
     except sa.exc.DBAPIError:  # another process made it between the check and the CREATE
         if not sa.inspect(engine).has_table(LEASES.name):
             raise
+    _HAS_LEASES.add(engine.url.render_as_string())
 
 
 def read(engine: sa.Engine, name: str) -> sa.Row | None:
@@ -182,12 +186,10 @@ def release(engine: sa.Engine, name: str, holder: str) -> bool:
             LEASES.c.holder: None, LEASES.c.pid: None}) is not None
 
 
-_HAS_LEASES: set[str] = set()  # databases (URLs) where hpo_leases is known to exist
-
-
 def forget(conn: sa.Connection, name: str) -> None:
     """Remove the lease ``name`` if no one holds it (its study was deleted); a held one
-    stays until released or stale. Nothing when ``hpo_leases`` was never made."""
+    stays until released or stale. Nothing when ``hpo_leases`` was never made (the service
+    makes it at start-up, so that this needs no look at the schema per delete)."""
     url = conn.engine.url.render_as_string()
     if url not in _HAS_LEASES and sa.inspect(conn).has_table(LEASES.name):
         _HAS_LEASES.add(url)  # tables are never dropped under a running process

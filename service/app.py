@@ -16,6 +16,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from hpo import lease
 from hpo.storage import open_storage
 from service import api_errors, migrate
 from service.api_processes import DispatcherStatus
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None,
     engine_pool, storage_pool = settings.api_pool_sizes
     engine = build_engine(settings.database_url, pool_size=engine_pool)
     migrate.prepare(engine, auto=settings.migrate_on_start)
+    lease.create_table(engine)  # drivers make it too; made here, deletes need not look for it
     storage = open_storage(settings.database_url, pool_size=storage_pool)
     sessions = session_factory(engine)
     study_service = StudyService(settings, sessions, storage)

@@ -99,3 +99,26 @@ def test_starters_at_the_same_instant_exactly_one_wins(db_url, name):
     finally:
         for e in engines:
             e.dispose()
+
+
+def test_forget_removes_only_a_free_lease_in_one_statement(db_url, name, monkeypatch):
+    from hpo import lease
+
+    monkeypatch.setattr(lease, "_HAS_LEASES", set())  # as in a process that just started
+    engine = sa.create_engine(db_url, **engine_kwargs(db_url))
+    create_table(engine)  # what the service does at start-up
+    statements: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute",
+                    lambda conn, cursor, statement, *args: statements.append(statement))
+    try:
+        assert acquire(engine, name, "a", host=HOST, pid=os.getpid())
+        for holder, kept in (("a", True), (None, False)):  # held: it stays
+            if holder is None:
+                assert release(engine, name, "a")
+            statements.clear()
+            with engine.begin() as conn:
+                lease.forget(conn, name)
+            assert [s.split()[0] for s in statements] == ["DELETE"]  # no look at the schema
+            assert (read(engine, name) is not None) == kept
+    finally:
+        engine.dispose()

@@ -114,6 +114,18 @@ def test_a_new_database_starts_at_the_newest_revision(engine):
     assert _schema_diff(engine) == []
 
 
+def test_the_app_makes_the_driver_lease_table_at_start_up(db_url, tmp_path):
+    from service.app import create_app
+    from service.settings import Settings
+
+    create_app(Settings(database_url=db_url, results_dir=tmp_path, run_dispatcher=False))
+    engine = build_engine(db_url)
+    try:  # so that a delete need not ask whether it exists (hpo.lease.forget)
+        assert sa.inspect(engine).has_table("hpo_leases")
+    finally:
+        engine.dispose()
+
+
 def test_the_migrations_replayed_from_nothing_give_the_declared_tables(engine):
     with engine.begin() as conn:
         command.upgrade(migrate._config(conn), "head")
