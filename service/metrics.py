@@ -187,7 +187,12 @@ def _quota_metrics(owners: dict[str, quotas.OwnerQuota], waiting: int):
 
 class HttpMetrics:
     """ASGI middleware counting answers and their durations by route template (read from
-    the route the router matched, ``scope["route"]``, after the request)."""
+    the route the router matched, ``scope["route"]``).
+
+    An answer is counted just before its last body message is sent, so that a scrape made
+    after a client got its answer counts it (counted after the send, a scrape from the
+    same client could beat the count); an answer the app never completed counts once, as
+    it ends (status 500 if it never started one)."""
 
     def __init__(self, app, metrics: Metrics) -> None:
         self.app = app
@@ -199,23 +204,37 @@ class HttpMetrics:
             return
         status = 500
         start = time.perf_counter()
+        counted = False
+
+        def count() -> None:
+            nonlocal counted
+            counted = True
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            label = _route_label(scope)
+            self.metrics.requests.labels(label, method, str(status)).inc()
+            self.metrics.latency.labels(label, method).observe(time.perf_counter() - start)
 
         async def watch(message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif (message["type"] == "http.response.body" and not message.get("more_body")
+                  and not counted):
+                count()
             await send(message)
 
         try:
             await self.app(scope, receive, watch)
         finally:
-            route = scope.get("route")
-            if route is not None:
-                label = route.path or "dashboard"
-            elif scope.get("endpoint") is not None:  # Starlette's Mount sets no route: the
-                label = "dashboard"  # dashboard, mounted at /, is the app's only mount
-            else:
-                label = "unmatched"
-            method = scope["method"] if scope["method"] in METHODS else "other"
-            self.metrics.requests.labels(label, method, str(status)).inc()
-            self.metrics.latency.labels(label, method).observe(time.perf_counter() - start)
+            if not counted:
+                count()
+
+
+def _route_label(scope) -> str:
+    """The route template a request matched, ``dashboard`` or ``unmatched``."""
+    route = scope.get("route")
+    if route is not None:
+        return route.path or "dashboard"
+    if scope.get("endpoint") is not None:  # Starlette's Mount sets no route: the
+        return "dashboard"  # dashboard, mounted at /, is the app's only mount
+    return "unmatched"

@@ -3,6 +3,8 @@ by parsing the output with prometheus-client's own parser."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -11,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hpo.summary import StudySummary, TrialCounts
 from service.app import create_app
 from service.db import StudyRow, TokenRow, UsageRow
+from service.metrics import HttpMetrics, Metrics
 from tests.service.conftest import bearer, record_summary, tiny_spec
 
 
@@ -135,3 +138,58 @@ def test_deleting_studies_adds_their_finished_device_seconds_and_nothing_for_non
     values = samples(client.get("/metrics", headers=admin).text)
     assert values[("hpo_device_seconds_total", (("owner", "alice"),))] == 3.5
     assert ("hpo_device_seconds_total", (("owner", "bob"),)) not in values
+
+
+def _http_scope(path: str) -> dict:
+    return {"type": "http", "method": "GET", "path": path, "headers": [],
+            "query_string": b""}
+
+
+def _http_samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
+    """The HTTP counters' samples (the store's collector needs a database: not read)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for collector in (metrics.requests, metrics.latency)
+            for family in collector.collect() for s in family.samples}
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_an_answer_is_counted_before_its_last_body_message_is_sent(chunks):
+    """A scrape made once a client has its answer counts it: the count is made before the
+    answer's last body message goes out, for one-message and streamed answers alike."""
+    metrics = Metrics(sessions=None)
+    key = ("hpo_http_requests_total", (("method", "GET"), ("route", "unmatched"),
+                                       ("status", "200")))
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(chunks):
+            await send({"type": "http.response.body", "body": b"x",
+                        "more_body": i < chunks - 1})
+
+    seen = []
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            seen.append((message.get("more_body", False),
+                         _http_samples(metrics).get(key)))
+
+    asyncio.run(HttpMetrics(app, metrics)(_http_scope("/x"), None, send))
+    assert seen == [(True, None)] * (chunks - 1) + [(False, 1.0)]
+
+
+def test_an_app_that_raises_before_answering_counts_one_500():
+    metrics = Metrics(sessions=None)
+
+    async def app(scope, receive, send):
+        raise RuntimeError("boom")
+
+    async def send(message):
+        raise AssertionError("nothing is sent")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(HttpMetrics(app, metrics)(_http_scope("/x"), None, send))
+    values = _http_samples(metrics)
+    assert values[("hpo_http_requests_total", (("method", "GET"), ("route", "unmatched"),
+                                               ("status", "500")))] == 1.0
+    assert values[("hpo_http_request_duration_seconds_count",
+                   (("method", "GET"), ("route", "unmatched")))] == 1.0
