@@ -190,11 +190,20 @@ def forget(conn: sa.Connection, name: str) -> None:
     """Remove the lease ``name`` if no one holds it (its study was deleted); a held one
     stays until released or stale. Nothing when ``hpo_leases`` was never made (the service
     makes it at start-up, so that this needs no look at the schema per delete)."""
+    statement = forget_statement(conn, name)
+    if statement is not None:
+        conn.execute(statement)
+
+
+def forget_statement(conn: sa.Connection, name: str) -> sa.Delete | None:
+    """:func:`forget`'s DELETE (to run alone or in a statement of the caller's), or None when
+    ``hpo_leases`` was never made."""
     url = conn.engine.url.render_as_string()
     if url not in _HAS_LEASES and sa.inspect(conn).has_table(LEASES.name):
         _HAS_LEASES.add(url)  # tables are never dropped under a running process
-    if url in _HAS_LEASES:
-        conn.execute(sa.delete(LEASES).where(LEASES.c.name == name, LEASES.c.holder.is_(None)))
+    if url not in _HAS_LEASES:
+        return None
+    return sa.delete(LEASES).where(LEASES.c.name == name, LEASES.c.holder.is_(None))
 
 
 class DriverLease:

@@ -97,19 +97,25 @@ def model_meta(storage: optuna.storages.BaseStorage, trial: FrozenTrial,
     return None
 
 
-def delete_study_artifacts(storage: optuna.storages.BaseStorage, study_id: int,
+def delete_study_artifacts(storage: optuna.storages.BaseStorage, study: int | str,
                            store: FileSystemArtifactStore) -> int:
-    """Remove the files of every artifact of a study and of its trials (before the study is
-    deleted: its meta goes with it); a file already gone is skipped. Returns how many
-    files were removed.
+    """Remove the files of every artifact of a study (by id or name) and of its trials
+    (before the study is deleted: its meta goes with it); a file already gone is skipped.
+    Returns how many files were removed.
 
     The artifacts are found by their meta's keys alone (:func:`hpo.storage.system_attr_keys`:
-    two SELECTs on ``RDBStorage``), not by reading every trial in full.
+    one SELECT on ``RDBStorage``), not by reading every trial in full.
 
     Raises:
-        KeyError: no study has id ``study_id``.
+        KeyError: no study has that id or name.
     """
-    keys = system_attr_keys(storage, study_id, ARTIFACTS_ATTR_PREFIX)
+    return remove_artifact_files(store, system_attr_keys(storage, study,
+                                                         ARTIFACTS_ATTR_PREFIX)[1])
+
+
+def remove_artifact_files(store: FileSystemArtifactStore, keys: list[str]) -> int:
+    """Remove the files of the artifacts whose meta keys (``ARTIFACTS_ATTR_PREFIX`` and the
+    artifact id) are ``keys``; a file already gone is skipped. Returns how many were."""
     removed = 0
     for key in keys:
         with contextlib.suppress(ArtifactNotFound):

@@ -30,6 +30,7 @@ from optuna.study.study import _SYSTEM_ATTR_METRIC_NAMES
 from hpo.engines import (
     autocommit_engine,
     engine_kwargs,
+    ping_when_idle,
     prepare_sqlite,
     redact,
     sqlite_path,
@@ -46,8 +47,8 @@ require("Optuna", optuna.__version__, OPTUNA_VERSION, __name__)
 DEFAULT_STORAGE_URL = "sqlite:///hpo.db"
 
 
-def open_storage(url: str = DEFAULT_STORAGE_URL,
-                 pool_size: int | None = None) -> optuna.storages.RDBStorage:
+def open_storage(url: str = DEFAULT_STORAGE_URL, pool_size: int | None = None,
+                 pre_ping: bool = True) -> optuna.storages.RDBStorage:
     """An Optuna ``RDBStorage`` for ``url`` (``sqlite:///file.db``, ``postgresql+psycopg://...``).
 
     Args:
@@ -55,6 +56,10 @@ def open_storage(url: str = DEFAULT_STORAGE_URL,
             once); ``None``: SQLAlchemy's default (5). A process with more threads using the
             storage at once (the API) needs one per thread, or its checkouts open new
             connections.
+        pre_ping: check a pooled connection at every checkout (``pool_pre_ping``: a round
+            trip each), as a study driver needs (a record write that failed once would
+            fail a trial). False: only one idle for a while (:func:`ping_when_idle`), for
+            the API, where a request that meets a connection lost meanwhile fails once.
 
     Raises:
         StorageError: bad URL, unreachable database, or schema problems.
@@ -63,12 +68,14 @@ def open_storage(url: str = DEFAULT_STORAGE_URL,
         path = sqlite_path(url)
         if path is not None:
             prepare_sqlite(path)
-        kwargs = engine_kwargs(url)
+        kwargs = engine_kwargs(url, pre_ping=pre_ping)
         if path is None and pool_size is not None:
             kwargs.update(pool_size=pool_size, max_overflow=10)
         storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         if path is not None:
             sync_normal(storage.engine)
+        elif not pre_ping:
+            ping_when_idle(storage.engine)
         return storage
     except StorageError:
         raise
@@ -298,53 +305,64 @@ def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
 DELETE_TRIES = 3
 
 
-def system_attr_keys(storage: optuna.storages.BaseStorage, study_id: int,
-                     prefix: str) -> list[str]:
-    """The keys starting with ``prefix`` of the study's system attributes, then of its
-    trials' (artifact metas: ``hpo.models``).
+def system_attr_keys(storage: optuna.storages.BaseStorage, study: int | str,
+                     prefix: str) -> tuple[int, list[str]]:
+    """The study's id and the keys starting with ``prefix`` of its system attributes, then
+    of its trials' (artifact metas: ``hpo.models``).
+
+    Args:
+        study: the study's id, or its name.
 
     Optuna's API reads every trial in full for its system attributes (``get_all_trials``:
-    its params, values, intermediate values and attributes too). On ``RDBStorage`` two
-    SELECTs in one transaction read the keys only; other storages get the public calls.
+    its params, values, intermediate values and attributes too). On ``RDBStorage`` one
+    SELECT reads the keys only, the study's found by id or by name in the same statement;
+    other storages get the public calls.
 
     Raises:
-        KeyError: no study has id ``study_id``.
+        KeyError: no study has that id or name.
     """
     if not isinstance(storage, optuna.storages.RDBStorage):
+        study_id = study if isinstance(study, int) else storage.get_study_id_from_name(study)
         keys = list(storage.get_study_system_attrs(study_id))
         for trial in storage.get_all_trials(study_id, deepcopy=False):
             keys.extend(trial.system_attrs)
-        return [key for key in keys if key.startswith(prefix)]
-    of_study, of_trials = _attr_key_statements(prefix)
+        return study_id, [key for key in keys if key.startswith(prefix)]
+    by_name = not isinstance(study, int)
     with autocommit_engine(storage.engine).connect() as conn:  # reads only
-        found = conn.execute(of_study, {"study_id": study_id}).all()
-        if not found:
-            raise KeyError(f"no study with study_id {study_id} exists")
-        keys = [key for _, key in found if key is not None]
-        keys += conn.execute(of_trials, {"study_id": study_id}).scalars().all()
-    return [key for key in keys if key.startswith(prefix)]  # SQLite's LIKE ignores case
+        found = conn.execute(_attr_key_statement(prefix, by_name), {"study": study}).all()
+    if not found:
+        raise KeyError(f"no study with study_{'name' if by_name else 'id'} {study!r} exists")
+    keys = [key for _, key in found if key is not None]
+    return found[0][0], [key for key in keys if key.startswith(prefix)]  # SQLite's LIKE: any case
 
 
 @functools.lru_cache(maxsize=8)
-def _attr_key_statements(prefix: str) -> tuple[sqlalchemy.Select, sqlalchemy.Select]:
-    """:func:`system_attr_keys`' two SELECTs for ``prefix``, bound by ``study_id`` (built once:
-    building them cost more than running them): a row per study attribute key with the
-    prefix (one with key None when the study has none), and the trials' keys."""
+def _attr_key_statement(prefix: str, by_name: bool) -> sqlalchemy.CompoundSelect:
+    """:func:`system_attr_keys`' SELECT for ``prefix``, bound by ``study`` (the study's id, or
+    its name when ``by_name``; built once: building it cost more than running it): rows of
+    (study id, key), first one per study attribute key with the prefix (one with key None
+    when the study has none, so that a study without keys is told from no study), then
+    the trials' keys, in the order written."""
     studies, study_attrs = models.StudyModel, models.StudySystemAttributeModel
     trials, trial_attrs = models.TrialModel, models.TrialSystemAttributeModel
-    study_id = sqlalchemy.bindparam("study_id")
-    of_study = (sqlalchemy.select(studies.study_id, study_attrs.key)
+    study = (studies.study_name if by_name else studies.study_id) == sqlalchemy.bindparam("study")
+    of_study = (sqlalchemy.select(studies.study_id, study_attrs.key,
+                                  sqlalchemy.literal(0).label("part"),
+                                  sqlalchemy.literal(0).label("trial"),
+                                  study_attrs.study_system_attribute_id.label("attr"))
                 .outerjoin(study_attrs, sqlalchemy.and_(
                     study_attrs.study_id == studies.study_id,
                     study_attrs.key.startswith(prefix, autoescape=True)))
-                .where(studies.study_id == study_id)
-                .order_by(study_attrs.study_system_attribute_id))
-    of_trials = (sqlalchemy.select(trial_attrs.key)
+                .where(study))
+    of_trials = (sqlalchemy.select(studies.study_id, trial_attrs.key, sqlalchemy.literal(1),
+                                   trials.trial_id, trial_attrs.trial_system_attribute_id)
+                 .select_from(trial_attrs)
                  .join(trials, trials.trial_id == trial_attrs.trial_id)
-                 .where(trials.study_id == study_id,
-                        trial_attrs.key.startswith(prefix, autoescape=True))
-                 .order_by(trials.trial_id, trial_attrs.trial_system_attribute_id))
-    return of_study, of_trials
+                 .join(studies, studies.study_id == trials.study_id)
+                 .where(study, trial_attrs.key.startswith(prefix, autoescape=True)))
+    both = sqlalchemy.union_all(of_study, of_trials).subquery()
+    return sqlalchemy.select(both.c.study_id, both.c.key).order_by(
+        both.c.part, both.c.trial, both.c.attr)
 
 
 def pareto_front_mask(losses):

@@ -56,7 +56,8 @@ def create_app(settings: Settings | None = None,
     engine = build_engine(settings.database_url, pool_size=engine_pool)
     migrate.prepare(engine, auto=settings.migrate_on_start)
     lease.create_table(engine)  # drivers make it too; made here, deletes need not look for it
-    storage = open_storage(settings.database_url, pool_size=storage_pool)
+    # checked as the service's engine is (a request may fail once, a record write may not)
+    storage = open_storage(settings.database_url, pool_size=storage_pool, pre_ping=False)
     sessions = session_factory(engine)
     study_service = StudyService(settings, sessions, storage)
     dispatcher = None

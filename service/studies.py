@@ -27,9 +27,10 @@ from sqlalchemy.orm import sessionmaker
 
 from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
-from hpo.models import delete_study_artifacts
+from hpo.models import ARTIFACTS_ATTR_PREFIX, remove_artifact_files
 from hpo.spec import StudySpec, WarmStartStudy
 from hpo.storage import delete_study as delete_optuna_study
+from hpo.storage import system_attr_keys
 from hpo.study import create_study
 from hpo.summary import StudySummary, TrialCounts, devices_held
 from hpo.warmstart import warm_start_points
@@ -49,10 +50,12 @@ from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.quotas import OwnerQuota, quota_of
 from service.settings import Settings
 from service.summaries import (
+    adds_usage,
     compute_summary,
     queue_created,
     read_summaries,
     remove_deleting,
+    remove_unused_deleting,
     store_summary,
 )
 
@@ -197,7 +200,7 @@ class StudyService:
     def undo_create(self, name: str, *, delete_optuna: bool) -> None:
         """Remove a half-created study: its Optuna study (if ours) and its row."""
         if delete_optuna:
-            self._delete_optuna_study(name)
+            self._delete_optuna_study(name)  # it has no artifacts yet: one SELECT finds none
         with autocommit(self.sessions) as session:
             session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
                                                       StudyRow.status == Status.CREATING))
@@ -337,23 +340,41 @@ class StudyService:
             StudyNotFound: no such study, or not one ``who`` controls.
             StudyConflict: the study is RUNNING (stop it first).
         """
-        scope = self._scope(who, read=False)
-        if self._transition(name, (Status.QUEUED, *ENDED), *scope,
-                            status=Status.DELETING) is None:
+        marked = self._mark_deleting(name, self._scope(who, read=False))
+        if marked is None:
             self._get(who, name, read=False)  # none that ``who`` controls: 404 (or 409)
             raise StudyConflict(f"study {name!r} is running: stop it first")
-        self.purge(name)
+        self.purge(name, may_add_usage=marked)
 
-    def purge(self, name: str) -> None:
+    def _mark_deleting(self, name: str, scope: list) -> bool | None:
+        """Make the study DELETING if it is QUEUED or has ended (and ``scope`` holds): None if
+        it was not made so; else whether removing it may add device-seconds to its owner's
+        usage (:func:`service.summaries.adds_usage` of its summary, read in the same UPDATE
+        on PostgreSQL; elsewhere not read: True)."""
+        studies, pg = StudyRow.__table__, self.storage.engine.dialect.name == "postgresql"
+        summary = (sa.select(SummaryRow.summary).where(SummaryRow.study_id == studies.c.id)
+                   .scalar_subquery() if pg else sa.null())
+        with autocommit(self.sessions) as session:  # one UPDATE, in Core (no row object)
+            found = session.connection().execute(
+                sa.update(studies).where(studies.c.name == name,
+                                         studies.c.status.in_((Status.QUEUED, *ENDED)), *scope)
+                .values(status=Status.DELETING, updated_at=utcnow())
+                .returning(studies.c.owner_id, summary)).first()
+            session.commit()
+        return None if found is None else not pg or adds_usage(*found)
+
+    def purge(self, name: str, may_add_usage: bool = True) -> None:
         """Remove a DELETING study's kept models (artifact files), Optuna study, result files
-        and row."""
-        self._delete_optuna_study(name, artifacts=True)
+        and row; with ``may_add_usage`` false (its summary had no finished device-seconds),
+        the row in one statement on PostgreSQL."""
+        self._delete_optuna_study(name)
         results = (Path(self.settings.results_dir) / name).resolve()
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
             shutil.rmtree(results, ignore_errors=True)
-        with self.sessions.begin() as session:
-            lease.forget(session.connection(), name)  # its driver lease, if free
-            remove_deleting(session, name)  # with its summary, into its owner's usage (last)
+        if may_add_usage or not remove_unused_deleting(self.sessions, name):
+            with self.sessions.begin() as session:
+                lease.forget(session.connection(), name)  # its driver lease, if free
+                remove_deleting(session, name)  # with its summary, into its owner's usage
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -410,16 +431,12 @@ class StudyService:
             session.commit()
             return row
 
-    def _delete_optuna_study(self, name: str, *, artifacts: bool = False) -> None:
+    def _delete_optuna_study(self, name: str) -> None:
         """Delete the Optuna study ``name`` (if any) with its trials, set-based
-        (:func:`hpo.storage.delete_study`); with ``artifacts`` first the files of its
-        artifacts (their meta goes with the study). The study's id is looked up once."""
-        with autocommit(self.sessions) as session:
-            study_id = optuna_sql.study_ids(session.connection(), [name]).get(name)
-        if study_id is None:
-            return
-        with contextlib.suppress(KeyError):  # deleted meanwhile
-            if artifacts:
-                store = FileSystemArtifactStore(Path(self.settings.artifacts_path).resolve())
-                delete_study_artifacts(self.storage, study_id, store)
+        (:func:`hpo.storage.delete_study`), first the files of its artifacts (their meta goes
+        with the study). Its id is read with the artifacts' keys, in one SELECT."""
+        store = FileSystemArtifactStore(Path(self.settings.artifacts_path).resolve())
+        with contextlib.suppress(KeyError):  # no such study, or deleted meanwhile
+            study_id, keys = system_attr_keys(self.storage, name, ARTIFACTS_ATTR_PREFIX)
+            remove_artifact_files(store, keys)
             delete_optuna_study(self.storage, study_id)

@@ -20,7 +20,7 @@ from hpo.models import (
 )
 from hpo.record import StudyRecord
 from hpo.spec import parse_spec
-from hpo.storage import open_storage, trial_id_of
+from hpo.storage import open_storage, system_attr_keys, trial_id_of
 from trainers.checkpoint import latest_checkpoint
 from trainers.model_file import evaluate_model, load_model_file
 
@@ -194,15 +194,21 @@ def _removes_study_and_trial_files_only(storage, tmp_path, name: str) -> list[st
     assert delete_study_artifacts(storage, study_id, store) == 0  # files already gone
     with pytest.raises(KeyError):
         delete_study_artifacts(storage, 10**9, store)
+    n = len(statements)
+    assert system_attr_keys(storage, name, "artifacts:")[0] == study_id  # by name: the same
+    assert system_attr_keys(storage, name + "-other", "artifacts:")[0] != study_id
+    with pytest.raises(KeyError):
+        delete_study_artifacts(storage, name + "-none", store)
+    del statements[n:]
     return statements
 
 
-def test_deleting_a_studys_artifacts_removes_its_files_in_two_selects(db_url, tmp_path,
-                                                                       unique_name):
+def test_deleting_a_studys_artifacts_removes_its_files_in_one_select(db_url, tmp_path,
+                                                                      unique_name):
     statements = _removes_study_and_trial_files_only(open_storage(db_url), tmp_path,
                                                      unique_name)
-    # two deletes of the study's artifacts, then one of an unknown study's (its first only)
-    assert [sql.split()[0] for sql in statements] == ["SELECT"] * 5
+    # two deletes of the study's artifacts, then one of an unknown study's: one SELECT each
+    assert [sql.split()[0] for sql in statements] == ["SELECT"] * 3
 
 
 def test_deleting_a_studys_artifacts_on_other_storages(tmp_path):
