@@ -76,9 +76,9 @@ def ping_when_idle(engine: sqlalchemy.Engine, idle_s: float = PING_AFTER_IDLE_S)
     PostgreSQL. A connection lost while in busy use (the server restarted within
     ``idle_s``) fails its next statement instead, and SQLAlchemy then drops every pooled
     connection of that time (its disconnect handling), so that the next one is new. For the
-    service's own engine (a request that fails so answers 503 once); Optuna's storage keeps
-    ``pool_pre_ping``, because a study driver's record write that failed once would fail a
-    trial or the study.
+    service's own engine and the API's Optuna storage (a request that fails so answers 503
+    once); a study driver's Optuna storage keeps ``pool_pre_ping``, because a record write
+    that failed once would fail a trial or the study.
 
     Args:
         engine: a SQLAlchemy engine.

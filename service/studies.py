@@ -344,13 +344,13 @@ class StudyService:
         if marked is None:
             self._get(who, name, read=False)  # none that ``who`` controls: 404 (or 409)
             raise StudyConflict(f"study {name!r} is running: stop it first")
-        self.purge(name, may_add_usage=marked)
+        self.purge(name, seen=marked)
 
-    def _mark_deleting(self, name: str, scope: list) -> bool | None:
+    def _mark_deleting(self, name: str, scope: list) -> tuple[bool, str | None] | None:
         """Make the study DELETING if it is QUEUED or has ended (and ``scope`` holds): None if
         it was not made so; else whether removing it may add device-seconds to its owner's
-        usage (:func:`service.summaries.adds_usage` of its summary, read in the same UPDATE
-        on PostgreSQL; elsewhere not read: True)."""
+        usage (:func:`service.summaries.adds_usage`) and its summary's JSON (None if none),
+        both read in the same UPDATE on PostgreSQL (elsewhere not read: True, None)."""
         studies, pg = StudyRow.__table__, self.storage.engine.dialect.name == "postgresql"
         summary = (sa.select(SummaryRow.summary).where(SummaryRow.study_id == studies.c.id)
                    .scalar_subquery() if pg else sa.null())
@@ -361,17 +361,21 @@ class StudyService:
                 .values(status=Status.DELETING, updated_at=utcnow())
                 .returning(studies.c.owner_id, summary)).first()
             session.commit()
-        return None if found is None else not pg or adds_usage(*found)
+        if found is None:
+            return None
+        return (not pg or adds_usage(*found)), found[1]
 
-    def purge(self, name: str, may_add_usage: bool = True) -> None:
+    def purge(self, name: str, seen: tuple[bool, str | None] = (True, None)) -> None:
         """Remove a DELETING study's kept models (artifact files), Optuna study, result files
-        and row; with ``may_add_usage`` false (its summary had no finished device-seconds),
-        the row in one statement on PostgreSQL."""
+        and row. ``seen``: :meth:`_mark_deleting`'s answer; where its summary added nothing
+        to its owner's usage, the row goes in one statement on PostgreSQL
+        (:func:`service.summaries.remove_unused_deleting`) unless the summary changed."""
         self._delete_optuna_study(name)
         results = (Path(self.settings.results_dir) / name).resolve()
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
             shutil.rmtree(results, ignore_errors=True)
-        if may_add_usage or not remove_unused_deleting(self.sessions, name):
+        may_add_usage, summary = seen
+        if may_add_usage or not remove_unused_deleting(self.sessions, name, summary):
             with self.sessions.begin() as session:
                 lease.forget(session.connection(), name)  # its driver lease, if free
                 remove_deleting(session, name)  # with its summary, into its owner's usage

@@ -184,28 +184,43 @@ def remove_deleting(session: Session, name: str) -> None:
     _add_usage(session, owners[0] if owners else None, kept[0] if kept else None)
 
 
-def remove_unused_deleting(sessions: sessionmaker, name: str) -> bool:
+def remove_unused_deleting(sessions: sessionmaker, name: str, seen: str | None) -> bool:
     """:func:`remove_deleting` with :func:`hpo.lease.forget` on PostgreSQL, for a study whose
     summary had no finished device-seconds when it was made DELETING (:func:`adds_usage`):
     one statement in autocommit, each DELETE a data-modifying ``WITH`` of it (1 round trip
-    instead of 6: BEGIN, 3 DELETEs, COMMIT). Should the summary it removes have some after
-    all (written meanwhile), they are added to the owner's usage by a second statement.
-    False, and nothing done, elsewhere or where ``hpo_leases`` was never made."""
+    instead of 6: BEGIN, 3 DELETEs, COMMIT). The summary and the row go only if the summary
+    is still ``seen`` (its JSON then, None if it had none), so nothing is owed to the
+    owner's usage; one written meanwhile leaves both, and False says so. False, and nothing
+    done, also elsewhere or where ``hpo_leases`` was never made: the caller then takes
+    :func:`remove_deleting`'s transaction."""
     with autocommit(sessions) as session:
         connection = session.connection()
         forget = lease.forget_statement(connection, name)
         if forget is None or connection.dialect.name != "postgresql":
             return False
-        delete_summary, delete_row = _removal_statements()
-        summary, row = delete_summary.cte("gone_summary"), delete_row.cte("gone_row")
-        statement = sa.select(sa.select(summary.c.summary).scalar_subquery(),
-                              sa.select(row.c.owner_id).scalar_subquery()).add_cte(
-            summary, row, forget.cte("gone_lease"))
-        kept, owner = connection.execute(statement, {"name": name}).one()
-        if adds_usage(owner, kept):
-            _add_usage(session, owner, kept)
-            session.commit()
-    return True
+        summary, row = _unchanged_removal_statements()
+        statement = sa.select(sa.func.count()).select_from(row).add_cte(
+            summary, forget.cte("gone_lease"))
+        return connection.execute(statement, {"name": name, "seen": seen}).scalar() == 1
+
+
+@functools.cache
+def _unchanged_removal_statements() -> tuple[sa.CTE, sa.CTE]:
+    """:func:`remove_unused_deleting`'s DELETEs, as ``WITH``s (built once): the summary
+    and the row of the DELETING study ``:name``, each only if its summary is still
+    ``:seen``."""
+    studies, summaries = StudyRow.__table__, SummaryRow.__table__
+    seen = sa.bindparam("seen", type_=sa.Text)
+    deleting = sa.select(studies.c.id).where(studies.c.name == sa.bindparam("name"),
+                                             studies.c.status == Status.DELETING)
+    changed = sa.exists().where(summaries.c.study_id == studies.c.id,
+                                summaries.c.summary.is_distinct_from(seen))
+    return (sa.delete(summaries).where(summaries.c.study_id.in_(deleting),
+                                       summaries.c.summary.is_not_distinct_from(seen))
+            .cte("gone_summary"),
+            sa.delete(studies).where(studies.c.name == sa.bindparam("name"),
+                                     studies.c.status == Status.DELETING, ~changed)
+            .returning(studies.c.id).cte("gone_row"))
 
 
 def adds_usage(owner_id: int | None, summary: str | None) -> bool:

@@ -159,18 +159,19 @@ def test_deleting_studies_adds_their_finished_device_seconds_and_nothing_for_non
 @BACKENDS
 def test_device_seconds_a_summary_got_after_its_study_was_marked_deleting_are_kept(client,
                                                                                     tokens):
-    # the one-statement removal of a study that had none when marked (PostgreSQL) still
-    # adds what its removed summary holds; elsewhere (False) the transaction's path does
+    # the one-statement removal of a study that had none when marked (PostgreSQL) removes
+    # nothing if its summary changed since, and the transaction's path then adds them
     alice = bearer(tokens["alice"])
     assert client.post("/v1/studies", json=tiny_spec("late"), headers=alice).status_code == 201
     _set_status(client, "late", "DELETING")
     _summarize(client, "late", TrialCounts(complete=1), 2.25)
     sessions = client.app.state.components.sessions
     lease.create_table(sessions.kw["bind"])
-    on_pg = sessions.kw["bind"].dialect.name == "postgresql"
-    assert remove_unused_deleting(sessions, "late") is on_pg
-    if not on_pg:
-        client.app.state.components.studies.purge("late")
+    assert remove_unused_deleting(sessions, "late", None) is False  # seen: no summary
+    with sessions() as session:
+        assert session.execute(sa.select(StudyRow.status).where(
+            StudyRow.name == "late")).scalar_one() == "DELETING"
+    client.app.state.components.studies.purge("late", seen=(False, None))
     with sessions() as session:
         assert session.execute(sa.select(StudyRow).where(StudyRow.name == "late")).first() is None
         assert session.execute(sa.select(UsageRow.device_seconds)).scalars().all() == [2.25]
