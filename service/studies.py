@@ -346,14 +346,13 @@ class StudyService:
             raise StudyConflict(f"study {name!r} is running: stop it first")
         self.purge(name, seen=marked)
 
-    def _mark_deleting(self, name: str, scope: list) -> tuple[bool, str | None] | None:
-        """Make the study DELETING if it is QUEUED or has ended (and ``scope`` holds): None if
-        it was not made so; else whether removing it may add device-seconds to its owner's
-        usage (:func:`service.summaries.adds_usage`) and its summary's JSON (None if none),
-        both read in the same UPDATE on PostgreSQL (elsewhere not read: True, None)."""
-        studies, pg = StudyRow.__table__, self.storage.engine.dialect.name == "postgresql"
+    def _mark_deleting(self, name: str, scope: list) -> tuple[int | None, str | None] | None:
+        """Make the study DELETING if it is QUEUED or has ended (and ``scope`` holds): its
+        owner's id and its summary's JSON (None if none), read in the same UPDATE; None if
+        it was not made so."""
+        studies = StudyRow.__table__
         summary = (sa.select(SummaryRow.summary).where(SummaryRow.study_id == studies.c.id)
-                   .scalar_subquery() if pg else sa.null())
+                   .scalar_subquery())
         with autocommit(self.sessions) as session:  # one UPDATE, in Core (no row object)
             found = session.connection().execute(
                 sa.update(studies).where(studies.c.name == name,
@@ -361,21 +360,19 @@ class StudyService:
                 .values(status=Status.DELETING, updated_at=utcnow())
                 .returning(studies.c.owner_id, summary)).first()
             session.commit()
-        if found is None:
-            return None
-        return (not pg or adds_usage(*found)), found[1]
+        return None if found is None else tuple(found)
 
-    def purge(self, name: str, seen: tuple[bool, str | None] = (True, None)) -> None:
+    def purge(self, name: str, seen: tuple[int | None, str | None] | None = None) -> None:
         """Remove a DELETING study's kept models (artifact files), Optuna study, result files
-        and row. ``seen``: :meth:`_mark_deleting`'s answer; where its summary added nothing
-        to its owner's usage, the row goes in one statement on PostgreSQL
-        (:func:`service.summaries.remove_unused_deleting`) unless the summary changed."""
+        and row. ``seen``: its owner and summary when it was marked (:meth:`_mark_deleting`;
+        None: not known); where the summary owed its owner no usage, the row goes in one
+        statement on PostgreSQL (:func:`service.summaries.remove_unused_deleting`)."""
         self._delete_optuna_study(name)
         results = (Path(self.settings.results_dir) / name).resolve()
         if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
             shutil.rmtree(results, ignore_errors=True)
-        may_add_usage, summary = seen
-        if may_add_usage or not remove_unused_deleting(self.sessions, name, summary):
+        if seen is None or adds_usage(*seen) or not remove_unused_deleting(self.sessions, name,
+                                                                           seen[1]):
             with self.sessions.begin() as session:
                 lease.forget(session.connection(), name)  # its driver lease, if free
                 remove_deleting(session, name)  # with its summary, into its owner's usage

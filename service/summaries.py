@@ -206,21 +206,16 @@ def remove_unused_deleting(sessions: sessionmaker, name: str, seen: str | None) 
 
 @functools.cache
 def _unchanged_removal_statements() -> tuple[sa.CTE, sa.CTE]:
-    """:func:`remove_unused_deleting`'s DELETEs, as ``WITH``s (built once): the summary
-    and the row of the DELETING study ``:name``, each only if its summary is still
-    ``:seen``."""
+    """:func:`remove_unused_deleting`'s DELETEs, as ``WITH``s (built once):
+    :func:`_removal_statements`' summary and row of the DELETING study ``:name``, each
+    only if its summary is still ``:seen``."""
     studies, summaries = StudyRow.__table__, SummaryRow.__table__
     seen = sa.bindparam("seen", type_=sa.Text)
-    deleting = sa.select(studies.c.id).where(studies.c.name == sa.bindparam("name"),
-                                             studies.c.status == Status.DELETING)
     changed = sa.exists().where(summaries.c.study_id == studies.c.id,
                                 summaries.c.summary.is_distinct_from(seen))
-    return (sa.delete(summaries).where(summaries.c.study_id.in_(deleting),
-                                       summaries.c.summary.is_not_distinct_from(seen))
-            .cte("gone_summary"),
-            sa.delete(studies).where(studies.c.name == sa.bindparam("name"),
-                                     studies.c.status == Status.DELETING, ~changed)
-            .returning(studies.c.id).cte("gone_row"))
+    delete_summary, delete_row = _removal_statements()
+    return (delete_summary.where(summaries.c.summary.is_not_distinct_from(seen))
+            .cte("gone_summary"), delete_row.where(~changed).cte("gone_row"))
 
 
 def adds_usage(owner_id: int | None, summary: str | None) -> bool:

@@ -171,7 +171,7 @@ def test_device_seconds_a_summary_got_after_its_study_was_marked_deleting_are_ke
     with sessions() as session:
         assert session.execute(sa.select(StudyRow.status).where(
             StudyRow.name == "late")).scalar_one() == "DELETING"
-    client.app.state.components.studies.purge("late", seen=(False, None))
+    client.app.state.components.studies.purge("late", seen=(None, None))  # marked: no summary
     with sessions() as session:
         assert session.execute(sa.select(StudyRow).where(StudyRow.name == "late")).first() is None
         assert session.execute(sa.select(UsageRow.device_seconds)).scalars().all() == [2.25]
