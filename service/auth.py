@@ -139,8 +139,12 @@ def parse_role(admin: bool, role: Role | str | None) -> Role:
     return role
 
 
-# built once: every request resolves its token (a statement built per call cost a third more)
-_BY_HASH = sa.select(TokenRow).where(TokenRow.token_hash == sa.bindparam("hash"))
+# built once: every request resolves its token (a statement built per call cost a third
+# more); in Core, a row of columns rather than an ORM entity (a fifth of the SELECT's CPU)
+_TOKENS = TokenRow.__table__
+_BY_HASH = sa.select(_TOKENS.c.id, _TOKENS.c.name, _TOKENS.c.role, _TOKENS.c.expires_at,
+                     _TOKENS.c.last_used_at, _TOKENS.c.revoked_at).where(
+    _TOKENS.c.token_hash == sa.bindparam("hash"))
 
 
 def resolve(sessions: sessionmaker, token: str | None) -> Principal:
@@ -154,7 +158,7 @@ def resolve(sessions: sessionmaker, token: str | None) -> Principal:
     if not token:
         raise NotAuthenticated("this needs a token: Authorization: Bearer TOKEN")
     with autocommit(sessions) as session:
-        row = session.execute(_BY_HASH, {"hash": hash_token(token)}).scalar_one_or_none()
+        row = session.connection().execute(_BY_HASH, {"hash": hash_token(token)}).first()
     if row is None:
         raise NotAuthenticated("unknown token")
     now = utcnow()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import shutil
 import time
@@ -38,17 +37,17 @@ from service import bounds, optuna_sql
 from service.auth import Principal
 from service.db import (
     ENDED,
-    VISIBLE,
     Status,
     StudyRow,
     SummaryRow,
-    TokenRow,
     autocommit,
+    one_statement,
     utcnow,
 )
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.quotas import OwnerQuota, quota_of
 from service.settings import Settings
+from service.study_rows import STUDIES, study_page, visible_study
 from service.summaries import (
     adds_usage,
     compute_summary,
@@ -62,6 +61,7 @@ from service.summaries import (
 log = logging.getLogger(__name__)
 CREATE_WAIT_S = 10.0  # a 409 for a name being created waits this long for that create
 CREATE_RACE_TRIES = 3
+_INSERT = sa.insert(StudyRow.__table__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +75,6 @@ class StudyView:
     best: list[FrozenTrial]
     device_seconds: float
     quota: OwnerQuota | None = None  # its owner's limits and use (a read of one study)
-
-
-@functools.cache
-def _visible_study(scoped: bool) -> sa.Select:
-    """The visible study ``:name`` and its owner's name; ``scoped``: only if ``:owner``
-    owns it (built once: every read, stop and delete looks its study up)."""
-    where = [StudyRow.name == sa.bindparam("name"), StudyRow.status.in_(VISIBLE)]
-    if scoped:
-        where.append(StudyRow.owner_id == sa.bindparam("owner"))
-    return sa.select(StudyRow, TokenRow.name).outerjoin(TokenRow).where(*where)
 
 
 class StudyService:
@@ -155,16 +145,15 @@ class StudyService:
         """Insert the CREATING row; a concurrent create of the same name is answered 409
         only once that create has finished (its row is no longer CREATING), so that a read
         right after the 409 finds the study; if that create was undone, this one goes on."""
+        row = {"name": spec.name, "owner_id": owner.token_id, "status": Status.CREATING,
+               "spec": spec.to_dict(), "n_trials": spec.budget.n_trials}
         for _ in range(CREATE_RACE_TRIES):
-            with autocommit(self.sessions) as session:  # one Core INSERT
-                try:
-                    session.connection().execute(sa.insert(StudyRow.__table__).values(
-                        name=spec.name, owner_id=owner.token_id, status=Status.CREATING,
-                        spec=spec.to_dict(), n_trials=spec.budget.n_trials))
-                    session.commit()
-                    return
-                except sqlalchemy.exc.IntegrityError:
-                    session.rollback()
+            try:
+                with one_statement(self.sessions) as conn:  # one Core INSERT, built once
+                    conn.execute(_INSERT, row)
+                return
+            except sqlalchemy.exc.IntegrityError:
+                pass
             if self._wait_not_creating(spec.name):
                 break
         raise StudyConflict(f"a study named {spec.name!r} exists already")
@@ -216,22 +205,19 @@ class StudyService:
         summary (:mod:`service.summaries`); a queued study without one shows zero counts,
         and an ended one (made before summaries were kept) has its summary computed once.
         """
-        where = [StudyRow.status.in_([status] if status else VISIBLE), *self._scope(who, True)]
+        count, page = study_page(status is not None, bool(self._scope(who, True)))
+        params = {"status": status, "owner": who.token_id, "offset": offset, "limit": limit}
         with autocommit(self.sessions) as session:
-            total = session.execute(sa.select(sa.func.count()).select_from(StudyRow)
-                                    .where(*where)).scalar_one()
+            conn = session.connection()
+            total = conn.execute(count, params).scalar_one()
             # each row with its owner's name and its summary, if kept: one statement
-            rows = session.execute(
-                sa.select(StudyRow, TokenRow.name, SummaryRow.summary).outerjoin(TokenRow)
-                .outerjoin(SummaryRow, SummaryRow.study_id == StudyRow.id)
-                .where(*where).order_by(StudyRow.created_at.desc(), StudyRow.id.desc())
-                .offset(offset).limit(limit)).all()
+            rows = conn.execute(page, params).all()
         views = []
-        for row, owner, kept in rows:
-            summary = (StudySummary.from_json(kept) if kept is not None
+        for row in rows:
+            summary = (StudySummary.from_json(row.kept) if row.kept is not None
                        else self._summary_once(row) if row.status in ENDED else None)
             counts = summary.counts if summary else TrialCounts()
-            views.append(StudyView(row, owner, counts, None, [], 0.0))
+            views.append(StudyView(row, row.owner_name, counts, None, [], 0.0))
         return views, total
 
     def view(self, who: Principal, name: str) -> StudyView:
@@ -387,11 +373,11 @@ class StudyService:
     def _get(self, who: Principal, name: str, *, read: bool) -> tuple[StudyRow, str | None]:
         scoped = bool(self._scope(who, read))
         with autocommit(self.sessions) as session:
-            found = session.execute(_visible_study(scoped),
-                                    {"name": name, "owner": who.token_id}).first()
+            found = session.connection().execute(visible_study(scoped),
+                                                 {"name": name, "owner": who.token_id}).first()
         if found is None:
             raise self._absent(who, name, read=read)
-        return found[0], found[1]
+        return found, found.owner_name
 
     def _absent(self, who: Principal, name: str, *, read: bool) -> StudyNotFound | StudyConflict:
         """The error for ``name`` when ``who`` sees no study of the service by that name.
@@ -425,10 +411,10 @@ class StudyService:
                     **values) -> StudyRow | None:
         """Set ``values`` on the study if its status is one of ``from_states`` (and the
         conditions ``where`` hold: :meth:`_scope`'s): the row as updated, or None if not."""
-        with autocommit(self.sessions) as session:  # one UPDATE
-            row = session.execute(sa.update(StudyRow).where(
-                StudyRow.name == name, StudyRow.status.in_(from_states), *where).values(
-                updated_at=utcnow(), **values).returning(StudyRow)).scalar_one_or_none()
+        with autocommit(self.sessions) as session:  # one UPDATE, in Core (no row object)
+            row = session.connection().execute(sa.update(STUDIES).where(
+                STUDIES.c.name == name, STUDIES.c.status.in_(from_states), *where).values(
+                updated_at=utcnow(), **values).returning(*STUDIES.c)).first()
             session.commit()
             return row
 
