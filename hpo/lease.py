@@ -47,7 +47,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from hpo.errors import StudyBusyError
-from trainers.process import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +125,10 @@ def _update(conn, cols: LeaseColumns, key, where: list, values: dict, returning)
 def holder_gone(host: str | None, pid: int | None) -> bool:
     """Whether a holder's process, on this host, no longer runs (``False`` when the holder
     is on another host or its pid is unknown: only its heartbeat can tell)."""
+    # imported here: the package ``trainers`` imports torch (1.5 s of CPU), which a study
+    # driver that ends before it trains (service.worker: stopped while it started) skips
+    from trainers.process import process_alive
+
     return host == socket.gethostname() and pid is not None and not process_alive(int(pid))
 
 

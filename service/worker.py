@@ -35,7 +35,7 @@ from sqlalchemy.orm import sessionmaker
 from hpo.errors import public_message
 from hpo.lease import while_held
 from hpo.spec import load_stored
-from service import logs
+from service import logs, optuna_sql
 from service.db import Status, StudyRow, TokenRow, build_engine, session_factory, utcnow
 from service.driver_process import CLAIMS, wait_for_study, watch_for_interrupt
 from service.process import die_with_parent, parent_gone
@@ -120,6 +120,14 @@ def finish(sessions: sessionmaker, name: str, claim: str, status: Status,
     log.info("study %s: %s%s", name, status, f" ({error})" if error else "")
 
 
+def _has_trials(sessions: sessionmaker, name: str) -> bool:
+    """Whether the Optuna study ``name`` has any trial, of any state (two statements)."""
+    with sessions() as session:
+        conn = session.connection()
+        found = optuna_sql.study_ids(conn, [name]).get(name)
+        return found is not None and optuna_sql.n_trials(conn, found) > 0
+
+
 def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> None:
     """Run the study to its end and write that end. Its trials take their owner's quota
     slots (``service.quotas.QuotaGate``) and wait while the owner is over a quota."""
@@ -128,6 +136,12 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
                                      .where(StudyRow.name == name)).one()
     beat = Heartbeat(sessions, name, claim, settings.heartbeat_s)
     beat.beat()
+    if beat.stop_requested.is_set() and not _has_trials(sessions, name):
+        # stopped while its driver started (before any trial): nothing of the record to
+        # end, so it ends now, without importing Ray and torch or joining the cluster (about
+        # 5 s of CPU per study under bench/load.py, where most studies are stopped so)
+        finish(sessions, name, claim, Status.STOPPED)
+        return
     beat.start()
     watch_for_interrupt(beat.shutdown_requested)
     try:

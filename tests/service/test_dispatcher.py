@@ -240,6 +240,53 @@ def test_a_stop_during_the_drivers_set_up_is_seen_before_its_first_trial(world, 
     assert _rows(app)["late-stop"].status == "STOPPED"
 
 
+@pytest.mark.parametrize("trials", [0, 1])
+def test_a_study_stopped_before_its_driver_started_ends_without_the_study_driver(
+        world, monkeypatch, db_url, trials):
+    """A stop that came before the driver's first heartbeat, on a study with no trial in
+    its record, ends the study STOPPED without importing ``hpo.tune.driver`` (Ray, torch)
+    or running it; a study with a trial (a driver before this one started it) still goes
+    through ``run_study``, which ends that trial."""
+    import types
+
+    from service import worker
+
+    called = []
+
+    def run_study(*args, should_stop, **kwargs):
+        called.append(should_stop())
+        return types.SimpleNamespace(interrupted=False, stopped=True, stop_reason=None)
+
+    monkeypatch.setitem(sys.modules, "hpo.tune.driver", types.SimpleNamespace(
+        run_study=run_study))
+    monkeypatch.setattr(worker, "watch_for_interrupt", lambda event: None)
+    app, submit, dispatcher = world
+    submit("early-stop")
+    d = dispatcher(heartbeat_s=600.0, heartbeat_timeout_s=1800.0)
+    d.run_once()
+    for _ in range(trials):
+        optuna.load_study(study_name="early-stop", storage=db_url).ask()
+    with TestClient(app) as client:
+        token = create_token(app.state.components.sessions, "root", admin=True)
+        answer = client.post("/v1/studies/early-stop/stop", headers=bearer(token))
+        assert answer.status_code == 202 and answer.json()["status"] == "RUNNING"
+    worker.drive(d.settings, app.state.components.sessions, "early-stop",
+                 d.drivers["early-stop"].claim)
+    assert called == ([True] if trials else [])
+    row = _rows(app)["early-stop"]
+    assert row.status == "STOPPED" and row.error is None and row.ended_at is not None
+
+
+def test_a_cold_driver_imports_neither_torch_nor_ray_before_its_first_heartbeat():
+    """What ``service.worker`` imports before it knows its study was not stopped: no torch
+    (``hpo.lease`` imports the package ``trainers`` only when it asks about a pid), no Ray."""
+    code = ("import sys, service.worker; "
+            "print(sorted(m for m in ('torch', 'ray', 'trainers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_a_driver_that_ended_its_study_is_reaped_without_changing_it(world):
     app, submit, dispatcher = world
     submit("done")
