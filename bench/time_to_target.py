@@ -15,16 +15,19 @@ and when each is stopped, differs.
 Why it is fair: nothing in the task, the target or the rungs is tuned to a system. All
 get the example's space and training config (only ``max_epochs`` and ``val_fraction``
 set here), ASHA's rungs at 1 and 4 epochs (grace 1 epoch, reduction factor 4), 2 trials
-at a time and the same budget; the model-based systems (hpo, raw Tune, Optuna alone) get
-the same TPE sampler, built by ``hpo.space.build_sampler`` from the same spec (8 random
-start-up trials, multivariate, constant liar: the spec's defaults), and the random ones
-the same random sampler. That is also what a user wiring Optuna or Ray Tune by hand
-from the same spec gets: Optuna 5's ``TPESampler`` is multivariate with a constant liar
-by default, so ``TPESampler(seed=..., n_startup_trials=8)`` draws exactly the product's
-trials (checked: the same suggestions, seed for seed). What differs is how a trial that
-ASHA stopped is told to the sampler: PRUNED with its intermediate values by the product
-and Optuna alone, its last value as COMPLETE by Ray's ``OptunaSearch``
-(``bench/ttt_samplers.py`` measures that difference without Ray).
+at a time and the same budget, and each system its own sampler defaults, as a user who
+names only the sampler gets them: the product's TPE (``{name: tpe, seed: S}``: 4 random
+start-up trials at this budget, 5 % of it, ``hpo.algorithms.TPESamplerSpec``), and for
+raw Tune and Optuna alone ``TPESampler(seed=S)`` as one wires it by hand (Optuna's 10
+start-up trials; multivariate with a constant liar, as the product's, in Optuna 5). The
+random systems get the same random sampler. ``--same-sampler N`` gives the peers the
+product's sampler with N start-up trials instead, and the product N too: then hpo and raw
+Tune draw the same trials (checked: the same suggestions, seed for seed) and only cost and
+ASHA's report order part them (the bench's rows before 2026-12-06, with N = 8). What
+also differs is how a trial that ASHA stopped is told to the sampler: PRUNED with its
+intermediate values by the product and Optuna alone, its last value as COMPLETE by Ray's
+``OptunaSearch`` (``bench/ttt_samplers.py`` measures that difference without Ray, and the
+start-up trials' effect: 19 trials to the target with 4, 52.5 with 10, 20 seeds).
 
 The task and target were chosen by one property of the trial counts, never by a
 system's time: that the median search needs at least 15 trials and random search
@@ -72,12 +75,12 @@ The systems (``--systems``; ``all`` is the first five):
 * ``hpo``: this product, TPE + ASHA: ``hpo.tune.driver.run_study`` on a parsed spec
   (what ``hpo run`` calls), SQLite record, a checkpoint where ASHA or a retry can use it
   (the spec's default ``checkpoint_interval_s``, 0.5 s, and every report at ``max_t``);
-* ``raw-tune``: ``tune.Tuner`` + ``OptunaSearch`` (the same TPE sampler, built by
-  ``hpo.space.build_sampler``, on SQLite as in ``dispatch_overhead.py``) +
-  ``AsyncHyperBandScheduler`` on the same rungs; ``reuse_actors=True``, 1 CPU per
-  trial; the trainable runs ``trainers.fit`` of the same task and reports every epoch
-  (``tune.report``, no checkpoint). With hpo's sampler and rungs, the two often try the
-  same trials in the same order: what differs between them is then the product's cost;
+* ``raw-tune``: ``tune.Tuner`` + ``OptunaSearch`` (``TPESampler(seed=S)``, on SQLite as
+  in ``dispatch_overhead.py``) + ``AsyncHyperBandScheduler`` on the same rungs;
+  ``reuse_actors=True``, 1 CPU per trial; the trainable runs ``trainers.fit`` of the same
+  task and reports every epoch (``tune.report``, no checkpoint). With hpo's sampler
+  (``--same-sampler``) and rungs, the two often try the same trials in the same order:
+  what differs between them is then the product's cost;
 * ``optuna``: Optuna alone, TPE + ``SuccessiveHalvingPruner`` (same rungs), two
   processes on one journal file (``JournalFileBackend``), each with its own seeded
   sampler (seed and seed + 1000: threads, ``n_jobs=2``, would reseed per trial), each
@@ -255,8 +258,11 @@ def study_spec(name: str, sampler: str, seed: int, args, trace_dir: Path):
 
     data = load_spec(EXAMPLE).to_dict()
     data.update(name=name, task=TASK_NAME, config=fixed_config(args, trace_dir),
+                # the product's own sampler options: TPE's start-up trials are the budget's
+                # (hpo.algorithms.TPESamplerSpec.startup_trials), unless --same-sampler
                 sampler={"name": sampler, "seed": seed,
-                         **({"n_startup_trials": 8} if sampler == "tpe" else {})},
+                         **({"n_startup_trials": args.same_sampler}
+                            if sampler == "tpe" and args.same_sampler else {})},
                 scheduler={"name": "asha", "grace_period": updates_per_epoch(args),
                            "reduction_factor": REDUCTION_FACTOR},
                 budget={"n_trials": args.trials, "max_concurrent_trials": 2})
@@ -302,7 +308,7 @@ def run_raw_tune(seed: int, args, work: Path) -> None:
     from ray.tune.search.optuna import OptunaSearch
 
     import hpo.tune.driver  # noqa: F401 - the same Tune environment settings as hpo
-    from hpo.space import build_sampler, distributions
+    from hpo.space import distributions
 
     class Reached(tune.Stopper):
         """Ends the experiment once the target was reached (as ``should_stop`` does hpo's)."""
@@ -318,7 +324,7 @@ def run_raw_tune(seed: int, args, work: Path) -> None:
 
     spec = study_spec(f"raw-{seed}", "tpe", seed, args, work / "trace")
     search = OptunaSearch(space=distributions(spec), metric="val_accuracy", mode="max",
-                          sampler=build_sampler(spec), study_name="raw",
+                          sampler=peer_sampler(spec, args.same_sampler), study_name="raw",
                           storage=optuna.storages.RDBStorage(f"sqlite:///{work / 'raw.db'}"))
     grace = spec.scheduler.grace_period
     asha = AsyncHyperBandScheduler(time_attr="step", metric="val_accuracy", mode="max",
@@ -334,14 +340,29 @@ def run_raw_tune(seed: int, args, work: Path) -> None:
     tuner.fit()
 
 
-def optuna_worker(k: int, n_trials: int, journal: str, spec_data: dict, barrier) -> None:
+def peer_sampler(spec, same_sampler: int | None, seed_offset: int = 0):
+    """A peer's TPE sampler: what a user wiring Optuna or Ray Tune by hand writes,
+    ``TPESampler(seed=...)`` with Optuna's defaults (10 random start-up trials; multivariate
+    with a constant liar in Optuna 5), or with ``--same-sampler N`` the product's sampler of
+    the spec with N start-up trials (``hpo.space.build_sampler``: the same trials as hpo)."""
+    import optuna
+
+    from hpo.space import build_sampler
+
+    if same_sampler is not None:
+        return build_sampler(spec, seed_offset=seed_offset)
+    return optuna.samplers.TPESampler(seed=spec.sampler.seed + seed_offset)
+
+
+def optuna_worker(k: int, n_trials: int, journal: str, spec_data: dict, barrier,
+                  same_sampler: int | None) -> None:
     """One of the two Optuna processes: ask, train with pruning, tell, while the study has
     fewer than ``n_trials`` trials (a free process takes the next trial, as a free Ray slot
     does; both may take the last one: the analysis keeps the first ``n_trials`` started)."""
     import optuna
 
     import trainers
-    from hpo.space import build_sampler, distributions
+    from hpo.space import distributions
     from hpo.spec import parse_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -351,7 +372,8 @@ def optuna_worker(k: int, n_trials: int, journal: str, spec_data: dict, barrier)
     pruner = optuna.pruners.SuccessiveHalvingPruner(
         min_resource=spec.scheduler.grace_period, reduction_factor=REDUCTION_FACTOR)
     study = optuna.load_study(study_name=spec.name, storage=storage,
-                              sampler=build_sampler(spec, seed_offset=1000 * k), pruner=pruner)
+                              sampler=peer_sampler(spec, same_sampler, seed_offset=1000 * k),
+                              pruner=pruner)
     task_cls, dists = trainers.load_task(TARGET), distributions(spec)
 
     class Pruning:
@@ -389,7 +411,8 @@ def run_optuna(seed: int, args, work: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
     procs = [ctx.Process(target=optuna_worker,
-                         args=(k, args.trials, journal, spec.to_dict(), barrier))
+                         args=(k, args.trials, journal, spec.to_dict(), barrier,
+                               args.same_sampler))
              for k in range(2)]
     for p in procs:
         p.start()
@@ -649,6 +672,10 @@ def main() -> None:
                         help="digits' validation fraction (the rest trains)")
     parser.add_argument("--full-budget", action="store_true",
                         help="run every study to its budget (default: stop once reached)")
+    parser.add_argument("--same-sampler", type=int, default=None, metavar="N",
+                        help="give raw-tune and optuna the product's TPE sampler with N "
+                             "start-up trials, and hpo the same N (default: each system "
+                             "its own defaults)")
     parser.add_argument("--syne-tune-path",
                         default=os.environ.get("SYNE_TUNE_PATH", "/tmp/syne-tune-env"),
                         help="a pip --target directory holding syne-tune")

@@ -118,7 +118,9 @@ def build_sampler(spec: StudySpec, seed_offset: int = 0) -> optuna.samplers.Base
     s = spec.sampler.model_copy(update={"seed": None if spec.sampler.seed is None
                                         else spec.sampler.seed + seed_offset})
     if s.name == "tpe":
-        return optuna.samplers.TPESampler(seed=s.seed, n_startup_trials=s.n_startup_trials,
+        return optuna.samplers.TPESampler(seed=s.seed,
+                                          n_startup_trials=s.startup_trials(
+                                              spec.budget.n_trials),
                                           multivariate=s.multivariate,
                                           constant_liar=s.constant_liar)
     if s.name == "random":
