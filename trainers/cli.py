@@ -22,7 +22,7 @@ from typing import Any
 
 from trainers import checkpoint as ckpt
 from trainers.config import TrainConfig
-from trainers.distributed import init_distributed_from_env
+from trainers.distributed import close_distributed, init_distributed_from_env
 from trainers.errors import ConfigError, TrainersError, UnknownTaskError
 from trainers.fields import FieldInfo, describe
 from trainers.loop import TrainResult, fit
@@ -194,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_summary(summary)
         if args.summary_json:
             args.summary_json.write_text(json.dumps(summary, indent=1))
+    close_distributed()
     return 0
 
 

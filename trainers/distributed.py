@@ -69,6 +69,16 @@ def init_distributed_from_env() -> int:
     return dist.get_rank()
 
 
+def close_distributed() -> None:
+    """Leave the process group that :func:`init_distributed_from_env` joined, if any: what
+    PyTorch asks of every process at the end of a successful run (``destroy_process_group``;
+    gloo's and NCCL's threads are stopped while the interpreter is whole, not at its
+    finalization). Only on success: a rank that failed while its peers are inside a
+    collective would wait for them forever (pytorch/torchtitan#1342)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
     """``DistributedDataParallel(model)`` under DDP, else ``model`` unchanged."""
     if not info.enabled:
