@@ -49,7 +49,7 @@ from hpo.spec import StudySpec
 from hpo.storage import set_trial_user_attrs, trial_id_of
 from hpo.study import SPEC_ATTR as SPEC_ATTR  # re-exported: hpo.warmstart reads it here
 from hpo.study import create_study as create_study  # re-exported for the service
-from hpo.study import open_study
+from hpo.study import open_stored_study
 from hpo.trialvalues import final_values, last_values, set_constraints
 
 log = logging.getLogger(__name__)
@@ -82,11 +82,12 @@ class StudyRecord:
     def __init__(self, spec: StudySpec, storage: optuna.storages.BaseStorage,
                  listener: TrialListener | None = None, compare_spec: bool = True,
                  models: ModelKeeper | None = None) -> None:
-        self.spec = spec
         self.storage = storage
         self.listener = listener
         self.models = models
-        self.study = open_study(spec, storage, compare_spec)
+        # the spec it runs: with a stored spec's start-up trials where ``spec`` left them
+        self.study, self.spec = open_stored_study(spec, storage, compare_spec)
+        spec = self.spec
         self.study_id = storage.get_study_id_from_name(spec.name)
         self.distributions = distributions(spec)
         r = spec.resources

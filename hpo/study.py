@@ -23,7 +23,17 @@ SPEC_ATTR = "hpo_spec"
 
 def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
                compare_spec: bool = True) -> optuna.Study:
-    """Create the study named by the spec, or load it if it exists with the same spec.
+    """Create the study named by the spec, or load it if it exists with the same spec
+    (:func:`open_stored_study`, without the spec it runs)."""
+    return open_stored_study(spec, storage, compare_spec)[0]
+
+
+def open_stored_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
+                      compare_spec: bool = True) -> tuple[optuna.Study, StudySpec]:
+    """Create the study named by the spec, or load it if it exists with the same spec; the
+    study, and the spec it runs: ``spec``, where it leaves TPE's ``n_startup_trials`` unset
+    and the stored spec has a number, with that number (a study stored when Optuna's 10 was
+    the default goes on with 10 when the same file is run again).
 
     ``compare_spec=False``: the caller vouches that ``spec`` is the study's own
     stored spec (the service's driver, which read it from the service's table,
@@ -36,16 +46,17 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
     directions = [o.direction for o in spec.objectives]
     study = optuna.create_study(storage=storage, study_name=spec.name, directions=directions,
                                 sampler=build_sampler(spec), load_if_exists=True)
+    given = spec
     if compare_spec:
-        _check_stored_spec(study, spec)
+        spec = _check_stored_spec(study, spec)
     name_metrics(study, spec)
     n_existing = len(study.get_trials(deepcopy=False))
-    if n_existing:
+    if n_existing or spec is not given:
         # Continuing a study: the spec's sampler again (never a silent swap to random
         # search, ray#30861), its seed moved on so that it does not replay the
         # suggestions it already made.
         study.sampler = build_sampler(spec, seed_offset=n_existing)
-    return study
+    return study, spec
 
 
 def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
@@ -82,14 +93,22 @@ def name_metrics(study: optuna.Study, spec: StudySpec) -> None:
             study.set_metric_names(names)
 
 
-def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> None:
-    """Store ``spec`` as the study's ``hpo_spec`` attribute, or refuse one that differs."""
+def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> StudySpec:
+    """Store ``spec`` as the study's ``hpo_spec`` attribute, or refuse one that differs; the
+    spec to run (:func:`open_stored_study`)."""
     stored = study.user_attrs.get(SPEC_ATTR)
     if stored is None:
         study.set_user_attr(SPEC_ATTR, spec.to_dict())
-    elif load_stored(stored) != spec:  # as models: an older stored form still opens
+        return spec
+    was = load_stored(stored)  # as models: an older stored form still opens
+    if (spec.sampler.name == was.sampler.name == "tpe" and spec.sampler.n_startup_trials is None
+            and was.sampler.n_startup_trials is not None):
+        spec = spec.model_copy(update={"sampler": spec.sampler.model_copy(
+            update={"n_startup_trials": was.sampler.n_startup_trials})})
+    if was != spec:
         new = spec.to_dict()
         differ = sorted(k for k in {*stored, *new} if stored.get(k) != new.get(k))
         raise StudyExistsError(f"study {spec.name!r} exists with a different spec ("
                                f"{', '.join(differ)} differ): give the new spec another "
                                f"name, or delete the stored study first")
+    return spec

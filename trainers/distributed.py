@@ -62,21 +62,29 @@ def init_distributed_from_env() -> int:
     Uses NCCL when CUDA is available, else gloo. Without ``WORLD_SIZE`` (a
     plain single process) nothing is initialized and the rank is 0.
     """
+    global _MADE
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        _MADE = dist.group.WORLD
     return dist.get_rank()
 
 
+_MADE = None  # the process group init_distributed_from_env made (close_distributed ends it)
+
+
 def close_distributed() -> None:
-    """Leave the process group that :func:`init_distributed_from_env` joined, if any: what
-    PyTorch asks of every process at the end of a successful run (``destroy_process_group``;
-    gloo's and NCCL's threads are stopped while the interpreter is whole, not at its
-    finalization). Only on success: a rank that failed while its peers are inside a
-    collective would wait for them forever (pytorch/torchtitan#1342)."""
-    if dist.is_available() and dist.is_initialized():
+    """Leave the process group that :func:`init_distributed_from_env` made, if it made one
+    (a group the caller made before stays): what PyTorch asks of every process at the end
+    of a successful run (``destroy_process_group``; gloo's and NCCL's threads are stopped
+    while the interpreter is whole, not at its finalization). Only on success: a rank that
+    failed while its peers are inside a collective would wait for them forever
+    (pytorch/torchtitan#1342)."""
+    global _MADE
+    if _MADE is not None and dist.is_initialized() and dist.group.WORLD is _MADE:
         dist.destroy_process_group()
+    _MADE = None
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:

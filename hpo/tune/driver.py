@@ -307,7 +307,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
                          models=models)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
     stop_rule = study_stop_rule(spec, record.study)
-    board = StudyBoard(record.study, spec, owner)
+    board = StudyBoard(record.study, record.spec, owner)
     with DriverLease(storage, spec.name):
         board.started()
         try:

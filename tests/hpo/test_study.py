@@ -44,3 +44,42 @@ def test_create_study_of_a_taken_name_raises_and_leaves_that_study(db_url, uniqu
     assert study.user_attrs == {SPEC_ATTR: first.to_dict()}
     assert study.metric_names == ["val_loss", "val_score"]
     assert len(study.directions) == 2
+
+
+@pytest.mark.parametrize(("stored", "given", "runs"), [
+    (10, None, 10),  # stored when Optuna's 10 was the default: the same file goes on with 10
+    (None, None, 4),  # stored unset: the budget's default (3 trials: 4)
+    (10, 10, 10), (6, None, 6)])
+def test_a_file_that_leaves_the_start_up_trials_unset_runs_the_stored_studys(
+        db_url, unique_name, stored, given, runs):
+    from hpo.space import distributions
+    from hpo.study import open_stored_study
+
+    storage = open_storage(db_url)
+    tpe = {"name": "tpe", "seed": 5}
+    open_stored_study(_spec(unique_name, sampler={**tpe, "n_startup_trials": stored}), storage)
+    study, spec = open_stored_study(
+        _spec(unique_name, sampler={**tpe, "n_startup_trials": given}), storage)
+    assert spec.sampler.startup_trials(spec.budget.n_trials) == runs
+    assert study.user_attrs[SPEC_ATTR]["sampler"]["n_startup_trials"] == stored
+    # what runs: the first ``runs`` suggestions are the seeded random sampler's
+    random = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5),
+                                 directions=["minimize", "maximize"])
+    for made in (study, random):
+        for _ in range(runs + 1):
+            trial = made.ask(distributions(spec))
+            made.tell(trial, [trial.params["lr"], trial.params["lr"]])
+    params = [[t.params for t in s.trials] for s in (study, random)]
+    assert params[0][:runs] == params[1][:runs] and params[0][runs] != params[1][runs]
+
+
+def test_a_file_that_names_other_start_up_trials_than_the_stored_study_is_refused(
+        db_url, unique_name):
+    from hpo.study import open_stored_study
+
+    storage = open_storage(db_url)
+    open_stored_study(_spec(unique_name, sampler={"name": "tpe", "n_startup_trials": 10}),
+                      storage)
+    with pytest.raises(StudyExistsError, match=r"\(sampler differ\)"):
+        open_stored_study(_spec(unique_name, sampler={"name": "tpe", "n_startup_trials": 4}),
+                          storage)

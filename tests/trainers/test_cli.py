@@ -81,33 +81,38 @@ def test_resume_with_another_optimizer_fails_with_a_message(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("fails", [False, True])
-def test_the_cli_leaves_the_process_group_it_joined_only_after_a_successful_run(
-        monkeypatch, tmp_path, fails):
-    """Under torchrun the CLI joins the process group; a run that succeeded leaves it
+@pytest.mark.parametrize(("made_by_caller", "fails", "left"), [
+    (False, False, True), (False, True, False), (True, False, False)])
+def test_the_cli_leaves_the_process_group_it_made_only_after_a_successful_run(
+        monkeypatch, tmp_path, made_by_caller, fails, left):
+    """Under torchrun the CLI makes the process group; a run that succeeded leaves it
     (``destroy_process_group``, as PyTorch asks, so gloo's threads stop before the
     interpreter's finalization); a failed one does not, since peers inside a collective
-    would wait for it forever."""
+    would wait for it forever; a group the caller made before stays the caller's."""
     import torch.distributed as dist
 
     import trainers.cli
     from trainers.errors import TrainersError
 
-    def join() -> int:  # what torchrun's environment makes init_distributed_from_env do
-        store = dist.FileStore(str(tmp_path / "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        return 0
+    real_init = dist.init_process_group
+
+    def init(backend, **kwargs):  # torchrun's environment, as one process on a file store
+        real_init(backend, store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                  world_size=1)
 
     def broken_fit(*args, **kwargs):
         raise TrainersError("a rank's training failed")
 
-    monkeypatch.setattr(trainers.cli, "init_distributed_from_env", join)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "init_process_group", init)
     if fails:
         monkeypatch.setattr(trainers.cli, "fit", broken_fit)
     try:
+        if made_by_caller:
+            init("gloo")
         proc = run_main("digits", "--max-updates", "1", "--max-epochs", "none", "--quiet")
         assert proc.returncode == (1 if fails else 0), proc.stderr
-        assert dist.is_initialized() == fails
+        assert dist.is_initialized() == (not left)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
