@@ -262,7 +262,7 @@ def study_spec(name: str, sampler: str, seed: int, args, trace_dir: Path):
                 # (hpo.algorithms.TPESamplerSpec.startup_trials), unless --same-sampler
                 sampler={"name": sampler, "seed": seed,
                          **({"n_startup_trials": args.same_sampler}
-                            if sampler == "tpe" and args.same_sampler else {})},
+                            if sampler == "tpe" and args.same_sampler is not None else {})},
                 scheduler={"name": "asha", "grace_period": updates_per_epoch(args),
                            "reduction_factor": REDUCTION_FACTOR},
                 budget={"n_trials": args.trials, "max_concurrent_trials": 2})

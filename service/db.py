@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
-import weakref
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -194,23 +193,8 @@ def autocommit(sessions: sessionmaker) -> Session:
     autocommit (:func:`hpo.engines.autocommit_engine`), elsewhere it is a plain session.
     A request that reads its token, then its study with the study's summary and quota in
     one session, so makes 4 round trips instead of 8. ``session.commit()`` and
-    ``rollback()`` work as usual (on PostgreSQL they have nothing to send).
-
-    The autocommit factory is made once per ``sessions`` (and again if its bind changes):
-    building the engine variant and merging a bind per call were 4 % of the API's CPU under
-    ``bench/load.py``. The cache holds ``sessions`` weakly, and its entry holds only the
-    engine, so it keeps nothing alive that ``sessions`` did not."""
-    bind = sessions.kw["bind"]
-    made = _AUTOCOMMIT.get(sessions)
-    if made is None or made[0] is not bind:
-        made = (bind, sessionmaker(autocommit_engine(bind), class_=sessions.class_,
-                                   **{k: v for k, v in sessions.kw.items() if k != "bind"}))
-        _AUTOCOMMIT[sessions] = made
-    return made[1]()
-
-
-# sessionmaker -> (its bind, the sessionmaker of that bind's autocommit variant)
-_AUTOCOMMIT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    ``rollback()`` work as usual (on PostgreSQL they have nothing to send)."""
+    return sessions(bind=autocommit_engine(sessions.kw["bind"]))
 
 
 def one_statement(sessions: sessionmaker) -> contextlib.AbstractContextManager[sa.Connection]:

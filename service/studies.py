@@ -61,7 +61,7 @@ from service.summaries import (
 log = logging.getLogger(__name__)
 CREATE_WAIT_S = 10.0  # a 409 for a name being created waits this long for that create
 CREATE_RACE_TRIES = 3
-_INSERT = sa.insert(StudyRow.__table__)
+_INSERT = sa.insert(STUDIES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,8 +80,9 @@ def read_summaries(session: Session, study_ids: Iterable[int]) -> dict[int, Stud
 
 
 # in Core and built once (each study read runs it)
-_SUMMARIES_OF = sa.select(SummaryRow.__table__.c.study_id, SummaryRow.__table__.c.summary).where(
-    SummaryRow.__table__.c.study_id.in_(sa.bindparam("ids", expanding=True)))
+_SUMMARIES = SummaryRow.__table__
+_SUMMARIES_OF = sa.select(_SUMMARIES.c.study_id, _SUMMARIES.c.summary).where(
+    _SUMMARIES.c.study_id.in_(sa.bindparam("ids", expanding=True)))
 
 
 def compute_summary(storage: optuna.storages.BaseStorage, row: StudyRow) -> StudySummary:
