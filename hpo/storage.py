@@ -210,12 +210,7 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
         for key, value in system_attrs.items():
             storage.set_study_system_attr(study_id, key, value)
         return study_id
-    rows = {models.StudyDirectionModel: [{"objective": i, "direction": d}
-                                         for i, d in enumerate(directions)],
-            models.StudyUserAttributeModel: [{"key": k, "value_json": json.dumps(v)}
-                                             for k, v in user_attrs.items()],
-            models.StudySystemAttributeModel: [{"key": k, "value_json": json.dumps(v)}
-                                               for k, v in system_attrs.items()]}
+    rows = _study_rows(directions, user_attrs, system_attrs)
     studies = models.StudyModel.__table__
     try:  # an IntegrityError is the name's unique constraint, as in create_new_study
         # Core statements on the tables of Optuna's models: the ORM's add and flush cost
@@ -223,7 +218,8 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
         if storage.engine.dialect.name == "postgresql":
             # one statement, so atomic without a transaction of its own: 1 round trip
             with autocommit_engine(storage.engine).connect() as conn:
-                return conn.execute(*_one_statement_create(name, rows)).scalar_one()
+                return conn.execute(*create_study_statement(name, directions, user_attrs,
+                                                            system_attrs)).scalar_one()
         with storage.engine.begin() as conn:
             study_id = conn.execute(sqlalchemy.insert(studies).values(study_name=name)
                                     .returning(studies.c.study_id)).scalar_one()
@@ -237,11 +233,32 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
     return study_id
 
 
-def _one_statement_create(name: str, rows: Mapping[type, list[dict]]
-                          ) -> tuple[sqlalchemy.Select, dict[str, object]]:
-    """PostgreSQL: the statement that creates study ``name`` with ``rows``, and its
-    parameters (:func:`hpo.study_sql.create_statement`, built once per shape)."""
-    tables = {model.__table__.name: values for model, values in rows.items() if values}
+def _study_rows(directions: Sequence[StudyDirection], user_attrs: Mapping[str, object],
+                system_attrs: Mapping[str, object]) -> dict[type, list[dict]]:
+    """A new study's rows by Optuna model, values JSON-encoded as Optuna encodes them."""
+    return {models.StudyDirectionModel: [{"objective": i, "direction": d}
+                                         for i, d in enumerate(directions)],
+            models.StudyUserAttributeModel: [{"key": k, "value_json": json.dumps(v)}
+                                             for k, v in user_attrs.items()],
+            models.StudySystemAttributeModel: [{"key": k, "value_json": json.dumps(v)}
+                                               for k, v in system_attrs.items()]}
+
+
+def create_study_statement(name: str, directions: Sequence[StudyDirection],
+                           user_attrs: Mapping[str, object], system_attrs: Mapping[str, object]
+                           ) -> tuple[sqlalchemy.Select, dict[str, object]]:
+    """PostgreSQL only: the one statement that creates the Optuna study ``name`` with its
+    directions and attributes (as :func:`create_study_with_attrs`) and selects its id, and
+    its parameters. The statement is built once per shape (tables, rows, keys:
+    :func:`hpo.study_sql.create_statement`) and is the same object for the same shape; a
+    caller may add its own data-modifying ``WITH`` to it (``Select.add_cte``), whose
+    parameter names must not start with a table's name of Optuna's.
+
+    Executing it raises ``sqlalchemy.exc.IntegrityError`` when a study named ``name``
+    exists (the unique index on ``studies.study_name``); nothing is written then."""
+    tables = {model.__table__.name: values
+              for model, values in _study_rows(directions, user_attrs, system_attrs).items()
+              if values}
     params: dict[str, object] = {"new_study_name": name}
     for table, values in tables.items():
         for i, value in enumerate(values):

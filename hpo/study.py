@@ -69,14 +69,18 @@ def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
     Raises:
         StudyExistsError: a study of that name exists (made here or anywhere else).
     """
-    directions = [StudyDirection.MAXIMIZE if o.direction == "maximize"
-                  else StudyDirection.MINIMIZE for o in spec.objectives]
     try:
-        return create_study_with_attrs(
-            storage, spec.name, directions, {SPEC_ATTR: spec.to_dict()},
-            {METRIC_NAMES_ATTR: metric_names(spec)})
+        return create_study_with_attrs(storage, spec.name, *new_study_rows(spec))
     except optuna.exceptions.DuplicatedStudyError:
         raise StudyExistsError(f"an Optuna study named {spec.name!r} exists already") from None
+
+
+def new_study_rows(spec: StudySpec) -> tuple[list[StudyDirection], dict, dict]:
+    """What :func:`create_study` stores of ``spec``: one direction per objective, the user
+    attributes (the spec, ``hpo_spec``) and the system attributes (the metric names)."""
+    directions = [StudyDirection.MAXIMIZE if o.direction == "maximize"
+                  else StudyDirection.MINIMIZE for o in spec.objectives]
+    return directions, {SPEC_ATTR: spec.to_dict()}, {METRIC_NAMES_ATTR: metric_names(spec)}
 
 
 def metric_names(spec: StudySpec) -> list[str]:

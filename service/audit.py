@@ -12,6 +12,7 @@ Actions: ``study.create``, ``study.stop``, ``study.delete``, ``token.create``,
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import logging
 
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpo.errors import printable
-from service.db import AuditRow, autocommit
+from service.db import AuditRow, autocommit, utcnow
 
 log = logging.getLogger("service.audit")
 
@@ -47,8 +48,7 @@ def record(sessions: sessionmaker | Session, actor: str, action: str, target: st
     """
     if action not in ACTIONS:
         raise ValueError(f"unknown audit action {action!r}")
-    log.info("audit: %s %s %s from %s%s", printable(actor), action, printable(target),
-             printable(address or "?"), f" {detail}" if detail else "")
+    _log(actor, action, target, address, detail)
     # a Core INSERT (the ORM's unit of work, add and flush, cost 4 times its round trip),
     # built once and given its values as parameters (one built per call cost a third more)
     row = {"actor": actor[:64], "action": action, "target": target[:200],
@@ -62,6 +62,81 @@ def record(sessions: sessionmaker | Session, actor: str, action: str, target: st
 
 
 _INSERT = sa.insert(AuditRow.__table__)
+
+
+def _log(actor: str, action: str, target: str, address: str | None,
+         detail: dict | None) -> None:
+    log.info("audit: %s %s %s from %s%s", printable(actor), action, printable(target),
+             printable(address or "?"), f" {detail}" if detail else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One change's audit row, written in the change's own statement or transaction
+    (:func:`insert_for`, :meth:`record`): stored together with the change, or not at all."""
+
+    actor: str
+    action: str
+    target: str
+    address: str | None
+    detail: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"unknown audit action {self.action!r}")
+
+    def params(self) -> dict[str, object]:
+        """The parameters of :func:`insert_for`'s statement."""
+        return {"audit_at": utcnow(), "audit_actor": self.actor[:64],
+                "audit_action": self.action, "audit_target": self.target[:200],
+                "audit_address": self.address[:64] if self.address else None,
+                "audit_detail": self.detail}
+
+    def record(self, session: Session) -> None:
+        """Write the row in ``session``'s transaction (the caller commits), then its log line."""
+        session.connection().execute(_INSERT, {k.removeprefix("audit_"): v
+                                               for k, v in self.params().items()})
+        self.log()
+
+    def log(self) -> None:
+        """The change's log line, for a row written by :func:`insert_for`'s statement."""
+        _log(self.actor, self.action, self.target, self.address, self.detail)
+
+
+def insert_for(changed: sa.CTE) -> sa.CTE:
+    """PostgreSQL: a data-modifying ``WITH`` that inserts a :class:`Change`'s row (bound by
+    :meth:`Change.params`) once for each row of ``changed``: added to the statement that
+    makes the change, the row is written exactly when the change is, in the same round
+    trip."""
+    table = AuditRow.__table__
+    values = [sa.bindparam(f"audit_{c}", type_=table.c[c].type)
+              for c in ("at", "actor", "action", "target", "address", "detail")]
+    return (sa.insert(table).from_select(
+        ["at", "actor", "action", "target", "address", "detail"],
+        sa.select(*values).select_from(changed)).cte(f"audit_{changed.name}"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Auditor:
+    """Records the changes of one request in the audit trail: its caller is the actor, its
+    client's host the address."""
+
+    sessions: sessionmaker
+    actor: str
+    address: str | None
+
+    def __call__(self, action: str, target: str, detail: dict | None = None) -> None:
+        """Record a change that has been made (:func:`record`): a row that cannot be written
+        is logged (the log line is written first) and does not turn the change's answer
+        into an error."""
+        try:
+            record(self.sessions, self.actor, action, target, self.address, detail)
+        except sa.exc.SQLAlchemyError:
+            log.exception("audit row of %s %s not written", action, target)
+
+    def change(self, action: str, target: str, detail: dict | None = None) -> Change:
+        """The row of a change that writes it itself, with the change (:class:`Change`)."""
+        return Change(self.actor, action, target, self.address, detail)
 
 
 def cli_actor() -> str:

@@ -6,13 +6,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Annotated, TypeVar
 
-import sqlalchemy.exc
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from service import audit
+from service.audit import Auditor
 from service.auth import ANONYMOUS, Principal, bearer, require_admin, require_writer, resolve
 from service.settings import Settings
 from service.studies import StudyService
@@ -75,24 +74,6 @@ def admin(request: Request, c: ComponentsDep, _: Credentials) -> Principal:
 Reader = Annotated[Principal, Depends(reader)]
 Writer = Annotated[Principal, Depends(writer)]
 Admin = Annotated[Principal, Depends(admin)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Auditor:
-    """Records the changes of one request in the audit trail (:func:`service.audit.record`):
-    its caller is the actor, its client's host the address."""
-
-    sessions: sessionmaker
-    actor: str
-    address: str | None
-
-    def __call__(self, action: str, target: str, detail: dict | None = None) -> None:
-        """Record a change that has been made: a row that cannot be written is logged (the
-        log line is written first) and does not turn the change's answer into an error."""
-        try:
-            audit.record(self.sessions, self.actor, action, target, self.address, detail)
-        except sqlalchemy.exc.SQLAlchemyError:
-            audit.log.exception("audit row of %s %s not written", action, target)
 
 
 async def auditor(request: Request, c: ComponentsDep, who: Writer) -> Auditor:

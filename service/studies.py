@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import shutil
 import time
@@ -28,18 +29,18 @@ from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
 from hpo.models import ARTIFACTS_ATTR_PREFIX, remove_artifact_files
 from hpo.spec import StudySpec, WarmStartStudy
+from hpo.storage import create_study_statement, system_attr_keys
 from hpo.storage import delete_study as delete_optuna_study
-from hpo.storage import system_attr_keys
-from hpo.study import create_study
+from hpo.study import create_study, new_study_rows
 from hpo.summary import StudySummary, TrialCounts, devices_held
 from hpo.warmstart import warm_start_points
 from service import bounds, optuna_sql
+from service.audit import Auditor, Change
 from service.auth import Principal
 from service.db import (
     ENDED,
     Status,
     StudyRow,
-    SummaryRow,
     autocommit,
     one_statement,
     utcnow,
@@ -47,7 +48,14 @@ from service.db import (
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.quotas import OwnerQuota, quota_of
 from service.settings import Settings
-from service.study_rows import STUDIES, study_page, visible_study
+from service.study_rows import (
+    STUDIES,
+    mark_deleting_update,
+    stop_update,
+    study_page,
+    visible_study,
+    with_audit_row,
+)
 from service.summaries import (
     adds_usage,
     compute_summary,
@@ -95,11 +103,16 @@ class StudyService:
 
     # -- create ----------------------------------------------------------------------
 
-    def create(self, data: Mapping[str, Any], owner: Principal) -> StudyView:
-        """Validate ``data`` as a spec, store it QUEUED and create its Optuna study.
+    def create(self, data: Mapping[str, Any], owner: Principal,
+               auditor: Auditor | None = None) -> StudyView:
+        """Validate ``data`` as a spec, store it QUEUED and create its Optuna study; with
+        ``auditor``, its audit row ``study.create`` is written in the transaction that
+        makes it QUEUED (both or neither).
 
         Nothing stays stored when this raises. The answer is built from what this call
-        wrote (a new study has no trial yet), without reading the study back.
+        wrote (a new study has no trial yet), without reading the study back. On
+        PostgreSQL two statements: the CREATING row with the Optuna study, then the
+        QUEUED row with its summary and audit row (:meth:`_insert_creating`).
 
         Raises:
             hpo.errors.SpecError: the spec is invalid (each field named), over a
@@ -111,16 +124,16 @@ class StudyService:
         # the bounds on costly options (service.bounds), are for admins
         spec = bounds.parse_bounded(data, owner, self.settings)
         self._check_warm_start(spec, owner)
-        self._insert_creating(spec, owner)
+        change = auditor.change("study.create", spec.name) if auditor is not None else None
+        optuna_id = self._insert_creating(spec, owner)
         try:  # from here on, an Optuna study of this name is the one this call creates
-            optuna_id = create_study(spec, self.storage)
-            row = self._queue(spec, optuna_id)
+            if optuna_id is None:
+                optuna_id = create_study(spec, self.storage)
+            row = self._queue(spec, optuna_id, change)
             self.on_queued()
         except StudyExistsError:  # an Optuna study of that name, made outside the service
             self.undo_create(spec.name, delete_optuna=False)
-            raise StudyConflict(f"a study named {spec.name!r} exists already in the Optuna "
-                                "storage, made outside the service (directly with Optuna): "
-                                "choose another name") from None
+            raise _made_outside(spec.name) from None
         except BaseException:
             self.undo_create(spec.name, delete_optuna=True)
             raise
@@ -141,19 +154,35 @@ class StudyService:
                                        f"no study named {entry.study!r}") from None
         warm_start_points(spec, self.storage)
 
-    def _insert_creating(self, spec: StudySpec, owner: Principal) -> None:
+    def _insert_creating(self, spec: StudySpec, owner: Principal) -> int | None:
         """Insert the CREATING row; a concurrent create of the same name is answered 409
         only once that create has finished (its row is no longer CREATING), so that a read
-        right after the 409 finds the study; if that create was undone, this one goes on."""
+        right after the 409 finds the study; if that create was undone, this one goes on.
+
+        On PostgreSQL the same statement creates the Optuna study (both or neither, one
+        round trip instead of two): its id; elsewhere None (the caller creates it).
+
+        Raises:
+            StudyConflict: a study of that name exists, here or (PostgreSQL) in Optuna.
+        """
         row = {"name": spec.name, "owner_id": owner.token_id, "status": Status.CREATING,
                "spec": spec.to_dict(), "n_trials": spec.budget.n_trials}
+        postgresql = self.sessions.kw["bind"].dialect.name == "postgresql"
         for _ in range(CREATE_RACE_TRIES):
             try:
-                with one_statement(self.sessions) as conn:  # one Core INSERT, built once
-                    conn.execute(_INSERT, row)
-                return
-            except sqlalchemy.exc.IntegrityError:
+                with one_statement(self.sessions) as conn:  # one Core statement, built once
+                    if not postgresql:
+                        conn.execute(_INSERT, row)
+                        return None
+                    statement, params = create_study_statement(spec.name,
+                                                               *new_study_rows(spec))
+                    return conn.execute(_with_creating_row(statement), {
+                        **params, **{f"row_{k}": v for k, v in row.items()},
+                        "row_at": utcnow()}).scalar_one()
+            except sqlalchemy.exc.IntegrityError:  # the row's name, or (PG) Optuna's
                 pass
+            if postgresql and self._optuna_only(spec.name):
+                raise _made_outside(spec.name)
             if self._wait_not_creating(spec.name):
                 break
         raise StudyConflict(f"a study named {spec.name!r} exists already")
@@ -172,16 +201,17 @@ class StudyService:
                 return True
             time.sleep(0.05)
 
-    def _queue(self, spec: StudySpec, optuna_id: int) -> StudyRow:
+    def _queue(self, spec: StudySpec, optuna_id: int, change: Change | None) -> StudyRow:
         """CREATING -> QUEUED, with the new study's summary (no trials yet) stored with it,
-        so that no read of a queued study computes one; the row as stored then.
+        so that no read of a queued study computes one, and the audit row ``change``; the
+        row as stored then.
 
         Raises:
             StudyConflict: the row is gone (a start-up's clean-up of old creates took it).
         """
         row = queue_created(self.sessions, spec.name, StudySummary(
             optuna_study_id=optuna_id, n_objectives=len(spec.objectives),
-            devices_held=devices_held(spec.resources)))
+            devices_held=devices_held(spec.resources)), change)
         if row is None:
             raise StudyConflict(f"study {spec.name!r} was removed while it was being created")
         return row
@@ -291,7 +321,7 @@ class StudyService:
 
     # -- stop and delete -------------------------------------------------------------
 
-    def stop(self, who: Principal, name: str) -> StudyView:
+    def stop(self, who: Principal, name: str, auditor: Auditor | None = None) -> StudyView:
         """Stop a study: a QUEUED one ends STOPPED now; a RUNNING one is asked to stop.
 
         The driver of a RUNNING study sees the request within its heartbeat
@@ -302,51 +332,33 @@ class StudyService:
             StudyNotFound: no such study, or not one ``who`` controls.
             StudyConflict: the study has already ended.
         """
-        scope = self._scope(who, read=False)  # the owner's: in the guarded UPDATE itself
-        owner = who.name if scope else self._get(who, name, read=False)[1]
-        # one guarded UPDATE for both: a QUEUED study ends STOPPED, a RUNNING one is asked
-        # (SET's expressions see the row as it was)
-        queued = StudyRow.status == Status.QUEUED
-        row = self._transition(
-            name, (Status.QUEUED, Status.RUNNING), *scope, stop_requested=True,
-            status=sa.case((queued, sa.literal(Status.STOPPED, StudyRow.status.type)),
-                           else_=StudyRow.status),
-            ended_at=sa.case((queued, sa.literal(utcnow(), StudyRow.ended_at.type)),
-                             else_=StudyRow.ended_at),
-            waiting_for=sa.case((queued, sa.null()), else_=StudyRow.waiting_for))
+        # one guarded UPDATE, the owner's scope in it; it returns the owner's name too
+        scoped = bool(self._scope(who, read=False))
+        row = self._audited(stop_update(scoped), name, who, scoped,
+                            auditor.change("study.stop", name) if auditor is not None else None)
         if row is None:
             row, _ = self._get(who, name, read=False)
             raise StudyConflict(f"study {name!r} has already ended ({row.status})")
-        return self._view(row, owner)
+        return self._view(row, row.owner_name)
 
-    def delete(self, who: Principal, name: str) -> None:
-        """Delete a study that is not running: its row, its Optuna study and trials, its results.
+    def delete(self, who: Principal, name: str, auditor: Auditor | None = None) -> None:
+        """Delete a study that is not running: its row, its Optuna study and trials, its
+        results. With ``auditor``, its audit row ``study.delete`` is written with the
+        change that marks it DELETING (both or neither; what follows is finished by a
+        restart if interrupted).
 
         Raises:
             StudyNotFound: no such study, or not one ``who`` controls.
             StudyConflict: the study is RUNNING (stop it first).
         """
-        marked = self._mark_deleting(name, self._scope(who, read=False))
+        scoped = bool(self._scope(who, read=False))
+        marked = self._audited(
+            mark_deleting_update(scoped), name, who, scoped,
+            auditor.change("study.delete", name) if auditor is not None else None)
         if marked is None:
             self._get(who, name, read=False)  # none that ``who`` controls: 404 (or 409)
             raise StudyConflict(f"study {name!r} is running: stop it first")
-        self.purge(name, seen=marked)
-
-    def _mark_deleting(self, name: str, scope: list) -> tuple[int | None, str | None] | None:
-        """Make the study DELETING if it is QUEUED or has ended (and ``scope`` holds): its
-        owner's id and its summary's JSON (None if none), read in the same UPDATE; None if
-        it was not made so."""
-        studies = StudyRow.__table__
-        summary = (sa.select(SummaryRow.summary).where(SummaryRow.study_id == studies.c.id)
-                   .scalar_subquery())
-        with autocommit(self.sessions) as session:  # one UPDATE, in Core (no row object)
-            found = session.connection().execute(
-                sa.update(studies).where(studies.c.name == name,
-                                         studies.c.status.in_((Status.QUEUED, *ENDED)), *scope)
-                .values(status=Status.DELETING, updated_at=utcnow())
-                .returning(studies.c.owner_id, summary)).first()
-            session.commit()
-        return None if found is None else tuple(found)
+        self.purge(name, seen=tuple(marked))
 
     def purge(self, name: str, seen: tuple[int | None, str | None] | None = None) -> None:
         """Remove a DELETING study's kept models (artifact files), Optuna study, result files
@@ -407,14 +419,25 @@ class StudyService:
                 return False
             return bool(optuna_sql.study_ids(session.connection(), [name]))
 
-    def _transition(self, name: str, from_states: tuple[Status, ...], *where,
-                    **values) -> StudyRow | None:
-        """Set ``values`` on the study if its status is one of ``from_states`` (and the
-        conditions ``where`` hold: :meth:`_scope`'s): the row as updated, or None if not."""
-        with autocommit(self.sessions) as session:  # one UPDATE, in Core (no row object)
-            row = session.connection().execute(sa.update(STUDIES).where(
-                STUDIES.c.name == name, STUDIES.c.status.in_(from_states), *where).values(
-                updated_at=utcnow(), **values).returning(*STUDIES.c)).first()
+    def _audited(self, update: sa.Update, name: str, who: Principal, scoped: bool,
+                 change: Change | None) -> sa.Row | None:
+        """Run ``update`` (one of :mod:`service.study_rows`', bound by ``study_name``,
+        ``now`` and if ``scoped`` ``owner``) and, if it changed a row, write the audit row
+        ``change`` with it: in the same statement on PostgreSQL (:func:`~service.
+        study_rows.with_audit_row`: one round trip), in the same transaction elsewhere.
+        What the UPDATE returned, or None."""
+        params = {"study_name": name, "now": utcnow(), "owner": who.token_id if scoped else None}
+        with autocommit(self.sessions) as session:  # one statement, in Core (no row object)
+            conn = session.connection()
+            if change is not None and conn.dialect.name == "postgresql":
+                row = conn.execute(with_audit_row(update), {**params, **change.params()}
+                                   ).first()
+                if row is not None:
+                    change.log()
+            else:
+                row = conn.execute(update, params).first()
+                if row is not None and change is not None:
+                    change.record(session)
             session.commit()
             return row
 
@@ -427,3 +450,24 @@ class StudyService:
             study_id, keys = system_attr_keys(self.storage, name, ARTIFACTS_ATTR_PREFIX)
             remove_artifact_files(store, keys)
             delete_optuna_study(self.storage, study_id)
+
+
+def _made_outside(name: str) -> StudyConflict:
+    return StudyConflict(f"a study named {name!r} exists already in the Optuna storage, made "
+                         "outside the service (directly with Optuna): choose another name")
+
+
+@functools.lru_cache(maxsize=32)
+def _with_creating_row(create_optuna_study: sa.Select) -> sa.Select:
+    """PostgreSQL: Optuna's study-creating statement (:func:`hpo.storage.
+    create_study_statement`, one object per shape) with the CREATING row's INSERT added as
+    a data-modifying ``WITH``, bound by ``row_name``, ``row_owner_id``, ``row_status``,
+    ``row_spec``, ``row_n_trials`` and ``row_at`` (built once per shape)."""
+    def bound(column: str, name: str | None = None) -> sa.BindParameter:
+        return sa.bindparam(f"row_{name or column}", type_=STUDIES.c[column].type)
+
+    creating = sa.insert(STUDIES).values(
+        name=bound("name"), owner_id=bound("owner_id"), status=bound("status"),
+        spec=bound("spec"), n_trials=bound("n_trials"), stop_requested=False, attempts=0,
+        created_at=bound("created_at", "at"), updated_at=bound("updated_at", "at"))
+    return create_optuna_study.add_cte(creating.cte("creating_row"))

@@ -11,9 +11,13 @@ import functools
 
 import sqlalchemy as sa
 
-from service.db import VISIBLE, StudyRow, SummaryRow, TokenRow
+from service.audit import insert_for
+from service.db import ENDED, VISIBLE, Status, StudyRow, SummaryRow, TokenRow
 
 STUDIES, TOKENS = StudyRow.__table__, TokenRow.__table__
+# a study's owner's name, in a statement on the study's row (an UPDATE's RETURNING)
+OWNER_NAME = (sa.select(TOKENS.c.name).where(TOKENS.c.id == STUDIES.c.owner_id)
+              .scalar_subquery().label("owner_name"))
 # a study's columns and its owner's name
 _WITH_OWNER = sa.select(*STUDIES.c, TOKENS.c.name.label("owner_name")).select_from(
     STUDIES.outerjoin(TOKENS, TOKENS.c.id == STUDIES.c.owner_id))
@@ -44,3 +48,53 @@ def study_page(one_status: bool, scoped: bool) -> tuple[sa.Select, sa.Select]:
             .order_by(STUDIES.c.created_at.desc(), STUDIES.c.id.desc())
             .offset(sa.bindparam("offset")).limit(sa.bindparam("limit")))
     return sa.select(sa.func.count()).select_from(STUDIES).where(*where), page
+
+
+def _guarded_update(from_states: tuple[str, ...], scoped: bool) -> sa.Update:
+    """An UPDATE of the study ``:study_name`` while its status is one of ``from_states``
+    (and, if ``scoped``, while ``:owner`` owns it). (An UPDATE's parameter named as a
+    column, ``name``, would set that column.)"""
+    where = [STUDIES.c.name == sa.bindparam("study_name"), STUDIES.c.status.in_(from_states)]
+    if scoped:
+        where.append(STUDIES.c.owner_id == sa.bindparam("owner"))
+    return sa.update(STUDIES).where(*where)
+
+
+@functools.cache
+def stop_update(scoped: bool) -> sa.Update:
+    """Stop's one guarded UPDATE, bound by ``:study_name``, ``:now`` (and ``:owner`` if
+    ``scoped``): a QUEUED study ends STOPPED, a RUNNING one is asked to stop (SET's
+    expressions see the row as it was); it returns the row and its owner's name."""
+    now = sa.bindparam("now", type_=STUDIES.c.updated_at.type)
+    queued = STUDIES.c.status == Status.QUEUED
+    return _guarded_update((Status.QUEUED, Status.RUNNING), scoped).values(
+        updated_at=now, stop_requested=True,
+        status=sa.case((queued, sa.literal(Status.STOPPED, STUDIES.c.status.type)),
+                       else_=STUDIES.c.status),
+        ended_at=sa.case((queued, now), else_=STUDIES.c.ended_at),
+        waiting_for=sa.case((queued, sa.null()), else_=STUDIES.c.waiting_for),
+    ).returning(*STUDIES.c, OWNER_NAME)
+
+
+@functools.cache
+def mark_deleting_update(scoped: bool) -> sa.Update:
+    """Delete's first UPDATE, bound by ``:study_name``, ``:now`` (and ``:owner`` if ``scoped``):
+    a QUEUED or ended study becomes DELETING; it returns its owner's id and its summary's
+    JSON (``summary``, None if none)."""
+    summaries = SummaryRow.__table__
+    summary = (sa.select(summaries.c.summary).where(summaries.c.study_id == STUDIES.c.id)
+               .scalar_subquery().label("summary"))
+    return (_guarded_update((Status.QUEUED, *ENDED), scoped)
+            .values(status=Status.DELETING,
+                    updated_at=sa.bindparam("now", type_=STUDIES.c.updated_at.type))
+            .returning(STUDIES.c.owner_id, summary))
+
+
+@functools.lru_cache(maxsize=16)
+def with_audit_row(update: sa.Update) -> sa.Select:
+    """PostgreSQL: ``update`` (one of this module's, built once) as a data-modifying
+    ``WITH`` whose changed row is selected, with the audit row's INSERT
+    (:func:`service.audit.insert_for`) reading it: the change and its audit row in one
+    statement (built once per statement)."""
+    changed = update.cte("changed")
+    return sa.select(*changed.c).add_cte(insert_for(changed))

@@ -23,6 +23,7 @@ from hpo import lease
 from hpo.spec import StudySpec, load_stored
 from hpo.storage import open_storage
 from hpo.summary import StudySummary, SummaryTracker, devices_held
+from service.audit import Change, insert_for
 from service.db import Status, StudyRow, SummaryRow, UsageRow, autocommit, one_statement, utcnow
 
 _INSERTS = {"sqlite": sa.dialects.sqlite.insert, "postgresql": sa.dialects.postgresql.insert}
@@ -114,30 +115,41 @@ def store_summary(session: Session, study_id: int, summary: StudySummary) -> Non
     session.connection().execute(statement.on_conflict_do_nothing())
 
 
-def queue_created(sessions: sessionmaker, name: str, summary: StudySummary) -> StudyRow | None:
-    """The CREATING study ``name`` made QUEUED, with its first ``summary`` stored, both or
-    neither; the row as stored then, or None if no CREATING study has that name.
+def queue_created(sessions: sessionmaker, name: str, summary: StudySummary,
+                  change: Change | None = None) -> StudyRow | None:
+    """The CREATING study ``name`` made QUEUED, with its first ``summary`` stored and the
+    audit row ``change`` written, all or none; the row as stored then, or None if no
+    CREATING study has that name.
 
     On PostgreSQL one statement in autocommit (:func:`_queue_statements`): 1 round trip
-    instead of 4. Elsewhere the UPDATE and :func:`store_summary` in one transaction."""
-    queue, queue_and_store = _queue_statements()
+    instead of 5. Elsewhere the UPDATE, :func:`store_summary` and the audit row in one
+    transaction."""
+    queue, queue_and_store, queue_store_and_audit = _queue_statements()
     params = {"study_name": name, "queued_at": utcnow(), "summary_json": summary.to_json()}
     if sessions.kw["bind"].dialect.name != "postgresql":
         with sessions.begin() as session:
             row = session.connection().execute(queue, params).first()
             if row is not None:
                 store_summary(session, row.id, summary)
+                if change is not None:
+                    change.record(session)
         return row
     with one_statement(sessions) as conn:
-        return conn.execute(queue_and_store, params).first()
+        if change is None:
+            return conn.execute(queue_and_store, params).first()
+        row = conn.execute(queue_store_and_audit, {**params, **change.params()}).first()
+    if row is not None:
+        change.log()
+    return row
 
 
 @functools.cache
-def _queue_statements() -> tuple[sa.Select, sa.Select]:
+def _queue_statements() -> tuple[sa.Update, sa.Select, sa.Select]:
     """:func:`queue_created`'s statements, bound by ``study_name``, ``queued_at`` and
     ``summary_json`` (built once): the guarded UPDATE returning the row; and (PostgreSQL)
     that UPDATE as a data-modifying ``WITH`` with the summary's INSERT reading its
-    ``RETURNING``."""
+    ``RETURNING``, without and with the audit row's INSERT (:func:`service.audit.insert_for`,
+    bound by its parameters too)."""
     studies, summaries = StudyRow.__table__, SummaryRow.__table__
     now = sa.bindparam("queued_at", type_=studies.c.updated_at.type)
     update = (sa.update(studies).where(studies.c.name == sa.bindparam("study_name"),
@@ -150,7 +162,8 @@ def _queue_statements() -> tuple[sa.Select, sa.Select]:
         .on_conflict_do_nothing().cte("stored"))
     # in Core: rows of columns, read as StudyRow's attributes (an ORM entity load was a
     # third of the statement's CPU)
-    return update, sa.select(*queued.c).add_cte(store)
+    queue_and_store = sa.select(*queued.c).add_cte(store)
+    return update, queue_and_store, queue_and_store.add_cte(insert_for(queued))
 
 
 def _insert(session: Session):

@@ -74,9 +74,7 @@ async def create_study(request: Request, call: WriteCall, response: Response) ->
     data = await read_spec_body(request)
 
     def create() -> StudyOut:
-        view = call.studies.create(data, who)
-        call.auditor(who)("study.create", view.row.name)
-        return StudyOut.of(view)
+        return StudyOut.of(call.studies.create(data, who, call.auditor(who)))
 
     out = await run_in_threadpool(create)
     response.headers["Location"] = f"/v1/studies/{out.name}"
@@ -128,9 +126,7 @@ async def get_trial(name: StudyName, number: TrialNumber, call: ReadCall) -> Tri
 async def stop_study(name: StudyName, call: WriteCall) -> StudyOut:
     """Stop a study: QUEUED ends STOPPED now, RUNNING ends its trials within seconds."""
     def stop(who: Principal) -> StudyOut:
-        view = call.studies.stop(who, name)
-        call.auditor(who)("study.stop", name)
-        return StudyOut.of(view)
+        return StudyOut.of(call.studies.stop(who, name, call.auditor(who)))
     return await call.run(stop)
 
 
@@ -138,7 +134,6 @@ async def stop_study(name: StudyName, call: WriteCall) -> StudyOut:
 async def delete_study(name: StudyName, call: WriteCall) -> Response:
     """Delete a study that is not running, with its trials and result files."""
     def delete(who: Principal) -> None:
-        call.studies.delete(who, name)
-        call.auditor(who)("study.delete", name)
+        call.studies.delete(who, name, call.auditor(who))
     await call.run(delete)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -123,3 +123,47 @@ def test_record_refuses_an_unknown_action_and_joins_a_given_session(app):
     assert _rows(app) == []
     audit.record(sessions, "x", "study.stop", "s", None, {"n": 1})
     assert _rows(app) == [("x", "study.stop", "s", None, {"n": 1})]
+
+
+def test_a_study_change_is_made_only_with_its_audit_row(client, tokens, app):
+    """Create, stop and delete write their audit row in the statement (PostgreSQL) or the
+    transaction (SQLite) of the change itself: where the row cannot be written, the change
+    is not made either (an error answer, nothing stored)."""
+    from fastapi.testclient import TestClient
+
+    alice = bearer(tokens["alice"])
+    assert client.post("/v1/studies", json=tiny_spec("kept"), headers=alice).status_code == 201
+    assert client.post("/v1/studies", json=tiny_spec("ended"), headers=alice).status_code == 201
+    assert client.post("/v1/studies/ended/stop", headers=alice).status_code == 202
+    sessions = app.state.components.sessions
+    engine = sessions.kw["bind"]
+    # sqlite3 says OperationalError (the database is unavailable), psycopg UndefinedTable
+    failed = {"sqlite": (503, "storage_unavailable"),
+              "postgresql": (500, "internal")}[engine.dialect.name]
+    with engine.begin() as conn:  # the audit table is gone for a while
+        conn.execute(sa.text("ALTER TABLE hpo_audit RENAME TO hpo_audit_away"))
+    try:
+        with TestClient(app, raise_server_exceptions=False) as c:
+            for method, path, body in (("POST", "/v1/studies", tiny_spec("never")),
+                                       ("POST", "/v1/studies/kept/stop", None),
+                                       ("DELETE", "/v1/studies/ended", None)):
+                r = c.request(method, path, json=body, headers=alice)
+                assert (r.status_code, r.json()["error"]["code"]) == failed, (path, r.text)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE hpo_audit_away RENAME TO hpo_audit"))
+    h = alice
+    assert client.get("/v1/studies/never", headers=h).status_code == 404
+    storage = app.state.components.studies.storage
+    assert sorted(s.study_name for s in storage.get_all_studies()) == ["ended", "kept"]
+    kept = client.get("/v1/studies/kept", headers=h).json()
+    assert (kept["status"], kept["stop_requested"]) == ("QUEUED", False)
+    assert client.get("/v1/studies/ended", headers=h).json()["status"] == "STOPPED"
+    assert _rows(app) == [("alice", "study.create", "kept", ADDRESS, None),
+                          ("alice", "study.create", "ended", ADDRESS, None),
+                          ("alice", "study.stop", "ended", ADDRESS, None)]
+    # with the table back, the same changes are made and recorded
+    assert client.post("/v1/studies/kept/stop", headers=h).status_code == 202
+    assert client.delete("/v1/studies/ended", headers=h).status_code == 204
+    assert _rows(app)[3:] == [("alice", "study.stop", "kept", ADDRESS, None),
+                              ("alice", "study.delete", "ended", ADDRESS, None)]

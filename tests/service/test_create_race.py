@@ -1,16 +1,24 @@
 """A create that loses the race for a name answers 409 only once the winner's create has
 finished, so a read right after the 409 finds the study; if the winner's create was
-undone, the loser's goes on."""
+undone, the loser's goes on. On SQLite and PostgreSQL (where the create's first statement
+inserts the row and the Optuna study together)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from service.db import Status, StudyRow
+from service.settings import Settings
 from tests.service.conftest import bearer, tiny_spec
+
+
+@pytest.fixture
+def settings(db_url, tmp_path) -> Settings:
+    return Settings(database_url=db_url, results_dir=tmp_path / "results", run_dispatcher=False)
 
 
 def _creating_row(app, name: str) -> None:
