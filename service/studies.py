@@ -60,7 +60,6 @@ from service.summaries import (
     adds_usage,
     compute_summary,
     queue_created,
-    read_summaries,
     remove_deleting,
     remove_unused_deleting,
     store_summary,
@@ -262,10 +261,12 @@ class StudyService:
         """
         return self._view(*self._get(who, name, read=True))
 
-    def _view(self, row: StudyRow, owner: str | None) -> StudyView:
+    def _view(self, row: sa.Row, owner: str | None) -> StudyView:
+        """The view of ``row``, a row of :mod:`service.study_rows`' statements with the
+        summary stored when it was read (``kept``)."""
         with autocommit(self.sessions) as session:
-            summary = read_summaries(session, [row.id]).get(row.id)
             quota = quota_of(session, row.owner_id)
+        summary = StudySummary.from_json(row.kept) if row.kept is not None else None
         if summary is None:
             summary = (self._summary_once(row) if row.status in ENDED
                        else compute_summary(self.storage, row))

@@ -23,14 +23,21 @@ _WITH_OWNER = sa.select(*STUDIES.c, TOKENS.c.name.label("owner_name")).select_fr
     STUDIES.outerjoin(TOKENS, TOKENS.c.id == STUDIES.c.owner_id))
 
 
+# a study's stored summary's JSON (None if none), in a statement on the study's row
+KEPT_SUMMARY = (sa.select(SummaryRow.__table__.c.summary)
+                .where(SummaryRow.__table__.c.study_id == STUDIES.c.id)
+                .scalar_subquery().label("kept"))
+
+
 @functools.cache
 def visible_study(scoped: bool) -> sa.Select:
-    """The visible study ``:name`` with its owner's name (``owner_name``); ``scoped``: only
-    if ``:owner`` owns it (built once: every read, stop and delete looks its study up)."""
+    """The visible study ``:name`` with its owner's name (``owner_name``) and its stored
+    summary's JSON (``kept``, None if none); ``scoped``: only if ``:owner`` owns it (built
+    once: every read, stop and delete looks its study up)."""
     where = [STUDIES.c.name == sa.bindparam("name"), STUDIES.c.status.in_(VISIBLE)]
     if scoped:
         where.append(STUDIES.c.owner_id == sa.bindparam("owner"))
-    return _WITH_OWNER.where(*where)
+    return _WITH_OWNER.add_columns(KEPT_SUMMARY).where(*where)
 
 
 @functools.cache
@@ -64,7 +71,8 @@ def _guarded_update(from_states: tuple[str, ...], scoped: bool) -> sa.Update:
 def stop_update(scoped: bool) -> sa.Update:
     """Stop's one guarded UPDATE, bound by ``:study_name``, ``:now`` (and ``:owner`` if
     ``scoped``): a QUEUED study ends STOPPED, a RUNNING one is asked to stop (SET's
-    expressions see the row as it was); it returns the row and its owner's name."""
+    expressions see the row as it was); it returns the row, its owner's name and its stored
+    summary's JSON (``kept``)."""
     now = sa.bindparam("now", type_=STUDIES.c.updated_at.type)
     queued = STUDIES.c.status == Status.QUEUED
     return _guarded_update((Status.QUEUED, Status.RUNNING), scoped).values(
@@ -73,21 +81,18 @@ def stop_update(scoped: bool) -> sa.Update:
                        else_=STUDIES.c.status),
         ended_at=sa.case((queued, now), else_=STUDIES.c.ended_at),
         waiting_for=sa.case((queued, sa.null()), else_=STUDIES.c.waiting_for),
-    ).returning(*STUDIES.c, OWNER_NAME)
+    ).returning(*STUDIES.c, OWNER_NAME, KEPT_SUMMARY)
 
 
 @functools.cache
 def mark_deleting_update(scoped: bool) -> sa.Update:
     """Delete's first UPDATE, bound by ``:study_name``, ``:now`` (and ``:owner`` if ``scoped``):
     a QUEUED or ended study becomes DELETING; it returns its owner's id and its summary's
-    JSON (``summary``, None if none)."""
-    summaries = SummaryRow.__table__
-    summary = (sa.select(summaries.c.summary).where(summaries.c.study_id == STUDIES.c.id)
-               .scalar_subquery().label("summary"))
+    JSON (``kept``, None if none)."""
     return (_guarded_update((Status.QUEUED, *ENDED), scoped)
             .values(status=Status.DELETING,
                     updated_at=sa.bindparam("now", type_=STUDIES.c.updated_at.type))
-            .returning(STUDIES.c.owner_id, summary))
+            .returning(STUDIES.c.owner_id, KEPT_SUMMARY))
 
 
 @functools.lru_cache(maxsize=16)
