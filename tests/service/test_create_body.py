@@ -1,0 +1,89 @@
+"""A create's body: one of at most ``SMALL_BODY_BYTES`` declared is read as bytes before the
+token is resolved, and the token, the parse and the create take one hand-over to the thread
+pool; a longer one, or one of undeclared length, is read only after the token is (two
+hand-overs). Either way the answers come in one order: the token's (401, 403), then the
+media type's (415), the body's (400), the spec's (422), and the create's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+import starlette.concurrency
+
+import service.deps
+import service.routers.studies as studies_router
+from service.auth import create_token
+from service.db import StudyRow
+from tests.service.conftest import bearer, tiny_spec
+
+SMALL = studies_router.SMALL_BODY_BYTES
+
+
+def _body(spec: dict, size: str) -> bytes:
+    """``spec`` as JSON, padded with white space past the small-body bound for ``large``."""
+    text = json.dumps(spec)
+    if size == "large":
+        text += " " * (SMALL + 1 - len(text))
+    return text.encode()
+
+
+@pytest.fixture
+def hand_overs(monkeypatch) -> list[str]:
+    """The names of the functions the routes hand to the thread pool, in order."""
+    seen: list[str] = []
+    original = starlette.concurrency.run_in_threadpool
+
+    async def counting(func, *args, **kwargs):
+        seen.append(getattr(func, "__qualname__", repr(func)))
+        return await original(func, *args, **kwargs)
+
+    monkeypatch.setattr(service.deps, "run_in_threadpool", counting)
+    monkeypatch.setattr(studies_router, "run_in_threadpool", counting)
+    return seen
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_a_creates_answers_come_in_one_order_whatever_its_bodys_size(client, tokens, app, size):
+    sessions = app.state.components.sessions
+    viewer = create_token(sessions, "vic", role="viewer")
+    good = _body(tiny_spec("ordered"), size)
+    bad_spec = _body(tiny_spec("ordered", n_trials=0), size)
+    malformed = b"{" + b" " * (SMALL + 1 if size == "large" else 8)
+    plain = {"Content-Type": "text/plain"}
+    cases = [  # (headers, body) -> (status, error code)
+        ({"Authorization": "Bearer nope", **plain}, malformed, 401, "not_authenticated"),
+        ({**bearer(viewer), **plain}, malformed, 403, "forbidden"),
+        ({**bearer(tokens["alice"]), **plain}, good, 415, "unsupported_media_type"),
+        (bearer(tokens["alice"]), malformed, 400, "malformed_body"),
+        (bearer(tokens["alice"]), bad_spec, 422, "invalid_spec"),
+    ]
+    for headers, body, expected, code in cases:
+        r = client.post("/v1/studies", content=body,
+                        headers={"Content-Type": "application/json", **headers})
+        assert (r.status_code, r.json()["error"]["code"]) == (expected, code), r.text
+    with sessions() as session:
+        assert session.execute(sa.select(StudyRow.name)).scalars().all() == []
+    r = client.post("/v1/studies", content=good, headers={
+        **bearer(tokens["alice"]), "Content-Type": "application/json"})
+    assert r.status_code == 201 and r.json()["name"] == "ordered"
+
+
+def test_a_small_body_takes_one_hand_over_and_a_large_or_undeclared_one_two(
+        client, tokens, hand_overs):
+    h = {**bearer(tokens["alice"]), "Content-Type": "application/json"}
+    assert client.post("/v1/studies", content=_body(tiny_spec("small"), "small"),
+                       headers=h).status_code == 201
+    assert len(hand_overs) == 1
+    hand_overs.clear()
+    assert client.post("/v1/studies", content=_body(tiny_spec("large"), "large"),
+                       headers=h).status_code == 201
+    assert len(hand_overs) == 2 and hand_overs[0].endswith("Call.caller")
+    hand_overs.clear()
+
+    def chunked():  # no Content-Length: read only after the token
+        yield _body(tiny_spec("chunked"), "small")
+
+    assert client.post("/v1/studies", content=chunked(), headers=h).status_code == 201
+    assert len(hand_overs) == 2 and hand_overs[0].endswith("Call.caller")
