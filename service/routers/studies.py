@@ -6,7 +6,6 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
-from starlette.concurrency import run_in_threadpool
 
 from hpo.errors import SpecError
 from hpo.spec import NAME_PATTERN, parse_text
@@ -41,14 +40,6 @@ async def study_name(name: Annotated[str, Path(description="the study's name")])
 StudyName = Annotated[str, Depends(study_name)]
 
 
-# A create whose declared body is at most this long has its body's bytes read before its
-# token is resolved, so that the token, the parse and the create take one hand-over to the
-# thread pool instead of two (under bench/load.py the second hand-over's wait was a fifth
-# of a create's time); nothing of the body is parsed before the token is. A longer body, or
-# one of undeclared length, is read only after the token is (at most max_body_bytes).
-SMALL_BODY_BYTES = 64 * 1024
-
-
 def spec_media(request: Request) -> str:
     """The body's media type, JSON or YAML (case-insensitive, RFC 9110; none given: JSON).
 
@@ -79,32 +70,24 @@ def parse_spec_body(body: bytes, media: str) -> Any:
         raise MalformedBody(f"the body is {e.errors[0]['msg']}") from None
 
 
-def _declared_small(request: Request) -> bool:
-    declared = request.headers.get("content-length", "")
-    return declared.isdigit() and int(declared) <= SMALL_BODY_BYTES
-
-
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=StudyOut,
              responses=errors(400, 401, 403, 408, 409, 413, 415, 422, 503),
              openapi_extra={"requestBody": spec_body()})
 async def create_study(request: Request, call: WriteCall, response: Response) -> StudyOut:
     """Validate and store a study spec, create its Optuna study and queue it."""
-    # the answers' order is the same either way: the token's (401, 403), then the media
-    # type's (415), the body's (400) and the spec's (422)
-    if _declared_small(request):
-        body = await request.body()  # bytes only (SMALL_BODY_BYTES says why)
+    # The body's bytes are already here: service.middleware.BodyLimit has read all of it
+    # (at most max_body_bytes, within body_timeout_s) before any route runs. Nothing of it is
+    # parsed before the token is resolved; the token, the parse and the create take one
+    # hand-over to the thread pool (two, token then create, made a create wait twice for a
+    # thread: a fifth of its time under bench/load.py). The answers keep their order: the
+    # token's (401, 403), the media type's (415), the body's (400), the spec's (422).
+    body = await request.body()
 
-        def create(who: Principal) -> StudyOut:
-            data = parse_spec_body(body, spec_media(request))
-            return StudyOut.of(call.studies.create(data, who, call.auditor(who)))
+    def create(who: Principal) -> StudyOut:
+        data = parse_spec_body(body, spec_media(request))
+        return StudyOut.of(call.studies.create(data, who, call.auditor(who)))
 
-        out = await call.run(create)
-    else:
-        who = await run_in_threadpool(call.caller)  # the token before the body is read
-        media = spec_media(request)
-        body = await request.body()
-        out = await run_in_threadpool(lambda: StudyOut.of(call.studies.create(
-            parse_spec_body(body, media), who, call.auditor(who))))
+    out = await call.run(create)
     response.headers["Location"] = f"/v1/studies/{out.name}"
     return out
 
