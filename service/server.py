@@ -242,6 +242,8 @@ def _start_other_api_processes(app, settings: Settings, sock: socket.socket,
         dispatcher.on_round = lambda: status.publish(dispatcher)
         signal.signal(api_processes.WAKE_SIGNAL, lambda *_: dispatcher.wake())
         env[api_processes.STATUS_ENV] = str(status.path)
+    else:  # no dispatcher to wake: a wake signal must not end this process (its default)
+        signal.signal(api_processes.WAKE_SIGNAL, signal.SIG_IGN)
     others = api_processes.ApiProcesses(settings.api_processes - 1, sock.fileno(), env)
     others.start()
     return others
@@ -280,7 +282,8 @@ def serve_api_process(settings: Settings, fd: int) -> None:
     status = (api_processes.DispatcherStatus(Path(status_path), stale_after_s)
               if status_path else None)
     app = create_app(settings, dispatcher_status=status)
-    app.state.components.studies.on_queued = api_processes.wake_first_process
+    if status is not None:  # the first process runs a dispatcher: wake it at each create
+        app.state.components.studies.on_queued = api_processes.wake_first_process
     try:
         _run(app, settings, sock)
     finally:

@@ -171,3 +171,26 @@ def _admin_token(server) -> str:
         return create_token(session_factory(engine), "admin", admin=True)
     finally:
         engine.dispose()
+
+
+def test_creates_in_api_processes_without_a_dispatcher_end_none_of_them(server_process,
+                                                                         sqlite_url):
+    """With ``HPO_RUN_DISPATCHER=false`` no process runs a dispatcher: a create in another
+    process wakes none (the wake signal's default action ended the first process, exit -10,
+    and with it the others), and a stray wake signal ends nothing."""
+    server = server_process(sqlite_url, HPO_API_PROCESSES="2", HPO_RUN_DISPATCHER="false",
+                            HPO_WARM_DRIVER="false")
+    server.start()
+    first = server.proc.pid
+    others = wait_for(lambda: _children(first, "--api-process"), 60, 0.2, "the other one")
+    token = _admin_token(server)
+    for i in range(12):  # new connections: the kernel hands them to either process
+        r = httpx.post(f"{server.url}/v1/studies", json=tiny_spec(f"quiet-{i}", n_trials=1),
+                       headers={**bearer(token), "Connection": "close"}, timeout=30)
+        assert r.status_code == 201, r.text
+    os.kill(first, signal.SIGUSR1)
+    assert httpx.get(f"{server.url}/healthz", timeout=30).status_code == 200
+    assert server.proc.poll() is None
+    assert _children(first, "--api-process") == others
+    listed = httpx.get(f"{server.url}/v1/studies?limit=50", headers=bearer(token), timeout=30)
+    assert sorted(s["status"] for s in listed.json()["items"]) == ["QUEUED"] * 12
