@@ -57,3 +57,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_sexagesimal_as_text(self, node):
+        """YAML 1.1's base-60 numbers (``1:30``, ``1:2:3.5``) are text, as in YAML 1.2:
+        PyYAML turns ``1:1:...:1`` into an integer in time quadratic in its length (a
+        400 KB one took 16 s of CPU); no spec field is written that way."""
+        value = self.construct_scalar(node)
+        if ":" in value:
+            return value
+        return _NUMBERS[node.tag](self, node)
+
+
+_NUMBERS = {"tag:yaml.org,2002:int": yaml.SafeLoader.construct_yaml_int,
+            "tag:yaml.org,2002:float": yaml.SafeLoader.construct_yaml_float}
+for _tag in _NUMBERS:
+    _UniqueKeyLoader.add_constructor(_tag, _UniqueKeyLoader.construct_sexagesimal_as_text)

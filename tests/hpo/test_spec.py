@@ -316,6 +316,21 @@ def test_yaml_duplicate_keys_and_non_utf8_files_are_refused(tmp_path):
         load_spec(tmp_path / "latin1.yaml")
 
 
+def test_yaml_base_60_numbers_are_text_as_in_yaml_1_2():
+    """YAML 1.1's ``1:30`` is 90 to PyYAML, built in time quadratic in the number's length
+    (a 400 KB ``1:1:...:1`` body cost 16 s of the server's CPU): here it is the text it
+    reads as, as YAML 1.2 says, and a spec field that wants a number refuses it."""
+    from hpo.spec import parse_text
+
+    assert parse_text("a: 1:30\nb: -1:2.5\nc: 2\nd: 1.5\ne: 0x1f\nf: 1_000\ng: .inf") == {
+        "a": "1:30", "b": "-1:2.5", "c": 2, "d": 1.5, "e": 31, "f": 1000, "g": float("inf")}
+    long = ":".join(["1"] * 200_000)
+    assert parse_text(f"x: {long}") == {"x": long}
+    with pytest.raises(SpecError) as caught:
+        parse_spec(_with(budget=parse_text("n_trials: 1:30")))
+    assert [e["loc"] for e in caught.value.errors] == ["budget.n_trials"]
+
+
 # -- float steps and grids (issue 11, point 5) ---------------------------------------------
 
 @pytest.mark.parametrize(("low", "high", "step", "fits"), [
