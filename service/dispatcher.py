@@ -32,6 +32,7 @@ module says why one thread, this one's, must start and stop them all.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import socket
@@ -63,6 +64,7 @@ FAIR_CANDIDATES = 500  # the oldest QUEUED studies weighed by fair share in one 
 # of the API process's CPU; a study waits at most this long more for its round
 MIN_ROUND_GAP_S = 0.2
 PREEMPT_AFTER_S = 10.0  # a study driven here that waits this long with no slot may be requeued
+STALE_CREATES_EVERY_S = 30.0  # how often a running dispatcher undoes creates a crash left
 
 
 class Dispatcher:
@@ -93,6 +95,7 @@ class Dispatcher:
         self._waiting_since: dict[str, float] = {}  # studies driven here waiting for a quota
         self.restarts = 0
         self.takeovers = 0
+        self._creates_swept_at = time.monotonic()  # start-up's recovery sweeps them first
         # after each round: service.api_processes publishes the state to the other processes
         self.on_round: Callable[[], None] = lambda: None
 
@@ -161,6 +164,8 @@ class Dispatcher:
     def run_once(self) -> None:
         """One round: reap drivers, take over abandoned studies, claim queued ones."""
         self.reap()
+        if time.monotonic() - self._creates_swept_at >= STALE_CREATES_EVERY_S:
+            self.undo_stale_creates()
         for name, old_claim in self.abandoned():
             if len(self.drivers) >= self.settings.max_running_studies:
                 return
@@ -332,13 +337,23 @@ class Dispatcher:
 
     def recover_interrupted_writes(self) -> None:
         """Finish deletes and undo creates that a crash interrupted (rows DELETING/CREATING)."""
-        cutoff = utcnow().timestamp() - CREATING_GRACE_S
         with self.sessions() as session:
-            rows = session.execute(sa.select(StudyRow.name, StudyRow.status, StudyRow.created_at)
-                                   .where(StudyRow.status.in_([Status.CREATING,
-                                                               Status.DELETING]))).all()
-        for name, status, created_at in rows:
-            if status == Status.DELETING:
-                self.studies.purge(name)
-            elif created_at.timestamp() < cutoff:
-                self.studies.undo_create(name, delete_optuna=True)
+            deleting = session.execute(sa.select(StudyRow.name).where(
+                StudyRow.status == Status.DELETING)).scalars().all()
+        for name in deleting:
+            self.studies.purge(name)
+        self.undo_stale_creates()
+
+    def undo_stale_creates(self) -> None:
+        """Undo the creates left CREATING for over ``CREATING_GRACE_S`` (a crash interrupted
+        them): their Optuna study and row. At start-up, and every ``STALE_CREATES_EVERY_S``
+        while the service runs: a service started again within the grace of a crash found
+        them young, and their names stayed taken (409) until a later start."""
+        self._creates_swept_at = time.monotonic()
+        cutoff = utcnow() - dt.timedelta(seconds=CREATING_GRACE_S)
+        with self.sessions() as session:
+            stale = session.execute(sa.select(StudyRow.name).where(
+                StudyRow.status == Status.CREATING, StudyRow.created_at < cutoff)
+            ).scalars().all()
+        for name in stale:
+            self.studies.undo_create(name, delete_optuna=True)

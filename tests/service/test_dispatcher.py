@@ -312,6 +312,38 @@ def test_start_up_finishes_interrupted_deletes_and_undoes_old_creates(world):
     assert [s.study_name for s in storage.get_all_studies()] == ["young"]
 
 
+def test_a_running_dispatcher_undoes_old_creates_every_interval(world):
+    """A service started again within the grace of a crash found the crash's CREATING row
+    young and kept it; its name stayed taken (409) until a later start. The running
+    dispatcher undoes such creates too, at most every ``STALE_CREATES_EVERY_S``."""
+    import service.dispatcher
+
+    app, submit, dispatcher = world
+    submit("left", "young", "queued")
+    old = utcnow() - dt.timedelta(seconds=service.dispatcher.CREATING_GRACE_S + 5)
+    _set(app, "left", status=Status.CREATING, created_at=old)
+    _set(app, "young", status=Status.CREATING)
+    _set(app, "queued", created_at=old)
+    d = dispatcher(max_running_studies=1)
+    d._creates_swept_at = -1e9  # the interval has passed
+    d.undo_stale_creates = _counting(d.undo_stale_creates)
+    d.run_once()
+    assert d.undo_stale_creates.calls == 1
+    assert sorted(_rows(app)) == ["queued", "young"]
+    storage = app.state.components.studies.storage
+    assert sorted(s.study_name for s in storage.get_all_studies()) == ["queued", "young"]
+    d.run_once()  # within the interval: no second sweep
+    assert d.undo_stale_creates.calls == 1
+
+
+def _counting(fn):
+    def counted(*args, **kwargs):
+        counted.calls += 1
+        return fn(*args, **kwargs)
+    counted.calls = 0
+    return counted
+
+
 def test_a_worker_without_its_claim_exits_75_and_leaves_the_study_alone(world, tmp_path):
     app, submit, dispatcher = world
     submit("claimed")
