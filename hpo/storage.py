@@ -247,15 +247,11 @@ def _study_rows(directions: Sequence[StudyDirection], user_attrs: Mapping[str, o
 def create_study_statement(name: str, directions: Sequence[StudyDirection],
                            user_attrs: Mapping[str, object], system_attrs: Mapping[str, object]
                            ) -> tuple[sqlalchemy.Select, dict[str, object]]:
-    """PostgreSQL only: the one statement that creates the Optuna study ``name`` with its
-    directions and attributes (as :func:`create_study_with_attrs`) and selects its id, and
-    its parameters. The statement is built once per shape (tables, rows, keys:
-    :func:`hpo.study_sql.create_statement`) and is the same object for the same shape; a
-    caller may add its own data-modifying ``WITH`` to it (``Select.add_cte``), whose
-    parameter names must not start with a table's name of Optuna's.
-
-    Executing it raises ``sqlalchemy.exc.IntegrityError`` when a study named ``name``
-    exists (the unique index on ``studies.study_name``); nothing is written then."""
+    """PostgreSQL: the one statement creating the Optuna study ``name`` as
+    :func:`create_study_with_attrs` does (selecting its id), and its parameters. One object
+    per shape (:func:`hpo.study_sql.create_statement`); a caller may add its own ``WITH``
+    (parameters not named after Optuna's tables). Run, it raises
+    ``sqlalchemy.exc.IntegrityError`` when the name is taken, writing nothing."""
     tables = {model.__table__.name: values
               for model, values in _study_rows(directions, user_attrs, system_attrs).items()
               if values}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import shutil
 import time
@@ -55,6 +54,7 @@ from service.study_rows import (
     study_page,
     visible_study,
     with_audit_row,
+    with_creating_row,
 )
 from service.summaries import (
     adds_usage,
@@ -69,6 +69,11 @@ log = logging.getLogger(__name__)
 CREATE_WAIT_S = 10.0  # a 409 for a name being created waits this long for that create
 CREATE_RACE_TRIES = 3
 _INSERT = sa.insert(STUDIES)
+
+
+def _made_outside(name: str) -> StudyConflict:
+    return StudyConflict(f"a study named {name!r} exists already in the Optuna storage, made "
+                         "outside the service (directly with Optuna): choose another name")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,13 +110,9 @@ class StudyService:
     def create(self, data: Mapping[str, Any], owner: Principal,
                auditor: Auditor | None = None) -> StudyView:
         """Validate ``data`` as a spec, store it QUEUED and create its Optuna study; with
-        ``auditor``, its audit row ``study.create`` is written in the transaction that
-        makes it QUEUED (both or neither).
-
-        Nothing stays stored when this raises. The answer is built from what this call
-        wrote (a new study has no trial yet), without reading the study back. On
-        PostgreSQL two statements: the CREATING row with the Optuna study, then the
-        QUEUED row with its summary and audit row (:meth:`_insert_creating`).
+        ``auditor``, its audit row ``study.create`` goes with the QUEUED row (both or
+        neither). Nothing stays stored when this raises. The answer is built from what this
+        call wrote, without reading the study back. On PostgreSQL 2 statements.
 
         Raises:
             hpo.errors.SpecError: the spec is invalid (each field named), over a
@@ -175,7 +176,7 @@ class StudyService:
                         return None
                     statement, params = create_study_statement(spec.name,
                                                                *new_study_rows(spec))
-                    return conn.execute(_with_creating_row(statement), {
+                    return conn.execute(with_creating_row(statement), {
                         **params, **{f"row_{k}": v for k, v in row.items()},
                         "row_at": utcnow()}).scalar_one()
             except sqlalchemy.exc.IntegrityError:  # the row's name, or (PG) Optuna's
@@ -201,9 +202,8 @@ class StudyService:
             time.sleep(0.05)
 
     def _queue(self, spec: StudySpec, optuna_id: int, change: Change | None) -> StudyRow:
-        """CREATING -> QUEUED, with the new study's summary (no trials yet) stored with it,
-        so that no read of a queued study computes one, and the audit row ``change``; the
-        row as stored then.
+        """CREATING -> QUEUED, with the new study's summary (no trials yet: no read of a
+        queued study computes one) and the audit row ``change``; the row as stored then.
 
         Raises:
             StudyConflict: the row is gone (a start-up's clean-up of old creates took it).
@@ -422,11 +422,9 @@ class StudyService:
 
     def _audited(self, update: sa.Update, name: str, who: Principal, scoped: bool,
                  change: Change | None) -> sa.Row | None:
-        """Run ``update`` (one of :mod:`service.study_rows`', bound by ``study_name``,
-        ``now`` and if ``scoped`` ``owner``) and, if it changed a row, write the audit row
-        ``change`` with it: in the same statement on PostgreSQL (:func:`~service.
-        study_rows.with_audit_row`: one round trip), in the same transaction elsewhere.
-        What the UPDATE returned, or None."""
+        """What ``update`` (:mod:`service.study_rows`', bound by ``study_name``, ``now``,
+        ``owner``) returned, or None; a changed row's audit row ``change`` is written in
+        the same statement (PostgreSQL, ``with_audit_row``) or transaction."""
         params = {"study_name": name, "now": utcnow(), "owner": who.token_id if scoped else None}
         with autocommit(self.sessions) as session:  # one statement, in Core (no row object)
             conn = session.connection()
@@ -452,23 +450,3 @@ class StudyService:
             remove_artifact_files(store, keys)
             delete_optuna_study(self.storage, study_id)
 
-
-def _made_outside(name: str) -> StudyConflict:
-    return StudyConflict(f"a study named {name!r} exists already in the Optuna storage, made "
-                         "outside the service (directly with Optuna): choose another name")
-
-
-@functools.lru_cache(maxsize=32)
-def _with_creating_row(create_optuna_study: sa.Select) -> sa.Select:
-    """PostgreSQL: Optuna's study-creating statement (:func:`hpo.storage.
-    create_study_statement`, one object per shape) with the CREATING row's INSERT added as
-    a data-modifying ``WITH``, bound by ``row_name``, ``row_owner_id``, ``row_status``,
-    ``row_spec``, ``row_n_trials`` and ``row_at`` (built once per shape)."""
-    def bound(column: str, name: str | None = None) -> sa.BindParameter:
-        return sa.bindparam(f"row_{name or column}", type_=STUDIES.c[column].type)
-
-    creating = sa.insert(STUDIES).values(
-        name=bound("name"), owner_id=bound("owner_id"), status=bound("status"),
-        spec=bound("spec"), n_trials=bound("n_trials"), stop_requested=False, attempts=0,
-        created_at=bound("created_at", "at"), updated_at=bound("updated_at", "at"))
-    return create_optuna_study.add_cte(creating.cte("creating_row"))

@@ -103,3 +103,19 @@ def with_audit_row(update: sa.Update) -> sa.Select:
     statement (built once per statement)."""
     changed = update.cte("changed")
     return sa.select(*changed.c).add_cte(insert_for(changed))
+
+
+@functools.lru_cache(maxsize=32)
+def with_creating_row(create_optuna_study: sa.Select) -> sa.Select:
+    """PostgreSQL: Optuna's study-creating statement (:func:`hpo.storage.
+    create_study_statement`, one object per shape) with the CREATING row's INSERT added as
+    a data-modifying ``WITH``, bound by ``row_name``, ``row_owner_id``, ``row_status``,
+    ``row_spec``, ``row_n_trials`` and ``row_at`` (built once per shape)."""
+    def bound(column: str, name: str | None = None) -> sa.BindParameter:
+        return sa.bindparam(f"row_{name or column}", type_=STUDIES.c[column].type)
+
+    creating = sa.insert(STUDIES).values(
+        name=bound("name"), owner_id=bound("owner_id"), status=bound("status"),
+        spec=bound("spec"), n_trials=bound("n_trials"), stop_requested=False, attempts=0,
+        created_at=bound("created_at", "at"), updated_at=bound("updated_at", "at"))
+    return create_optuna_study.add_cte(creating.cte("creating_row"))
