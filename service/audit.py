@@ -46,13 +46,11 @@ def record(sessions: sessionmaker | Session, actor: str, action: str, target: st
         ValueError: ``action`` is not one of :data:`ACTIONS`.
         sqlalchemy.exc.SQLAlchemyError: the row could not be written (it is logged first).
     """
-    if action not in ACTIONS:
-        raise ValueError(f"unknown audit action {action!r}")
-    _log(actor, action, target, address, detail)
+    change = Change(actor, action, target, address, detail)  # checks the action
+    change.log()
     # a Core INSERT (the ORM's unit of work, add and flush, cost 4 times its round trip),
     # built once and given its values as parameters (one built per call cost a third more)
-    row = {"actor": actor[:64], "action": action, "target": target[:200],
-           "address": address[:64] if address else None, "detail": detail}
+    row = change.row()
     if isinstance(sessions, Session):
         sessions.connection().execute(_INSERT, row)
         return
@@ -62,12 +60,6 @@ def record(sessions: sessionmaker | Session, actor: str, action: str, target: st
 
 
 _INSERT = sa.insert(AuditRow.__table__)
-
-
-def _log(actor: str, action: str, target: str, address: str | None,
-         detail: dict | None) -> None:
-    log.info("audit: %s %s %s from %s%s", printable(actor), action, printable(target),
-             printable(address or "?"), f" {detail}" if detail else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,22 +77,27 @@ class Change:
         if self.action not in ACTIONS:
             raise ValueError(f"unknown audit action {self.action!r}")
 
+    def row(self) -> dict[str, object]:
+        """The row's values (``at`` now), cut to the columns' lengths."""
+        return {"at": utcnow(), "actor": self.actor[:64], "action": self.action,
+                "target": self.target[:200],
+                "address": self.address[:64] if self.address else None,
+                "detail": self.detail}
+
     def params(self) -> dict[str, object]:
         """The parameters of :func:`insert_for`'s statement."""
-        return {"audit_at": utcnow(), "audit_actor": self.actor[:64],
-                "audit_action": self.action, "audit_target": self.target[:200],
-                "audit_address": self.address[:64] if self.address else None,
-                "audit_detail": self.detail}
+        return {f"audit_{k}": v for k, v in self.row().items()}
 
     def record(self, session: Session) -> None:
         """Write the row in ``session``'s transaction (the caller commits), then its log line."""
-        session.connection().execute(_INSERT, {k.removeprefix("audit_"): v
-                                               for k, v in self.params().items()})
+        session.connection().execute(_INSERT, self.row())
         self.log()
 
     def log(self) -> None:
-        """The change's log line, for a row written by :func:`insert_for`'s statement."""
-        _log(self.actor, self.action, self.target, self.address, self.detail)
+        """The change's log line."""
+        log.info("audit: %s %s %s from %s%s", printable(self.actor), self.action,
+                 printable(self.target), printable(self.address or "?"),
+                 f" {self.detail}" if self.detail else "")
 
 
 def insert_for(changed: sa.CTE) -> sa.CTE:
