@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -50,9 +51,16 @@ def _config(connection: sa.Connection | None = None) -> Config:
     return config
 
 
+@functools.cache
+def _scripts() -> ScriptDirectory:
+    """The service's migrations, loaded once a process (read-only: each load executes every
+    migration file)."""
+    return ScriptDirectory.from_config(_config())
+
+
 def head() -> str:
     """The newest revision this code knows."""
-    return ScriptDirectory.from_config(_config()).get_current_head()
+    return _scripts().get_current_head()
 
 
 def current(engine: sa.Engine) -> str | None:
@@ -120,8 +128,7 @@ def check_known(revision: str | None) -> None:
     """Raises :class:`SchemaOutdated` for a revision this code does not know."""
     if revision is None:
         return
-    scripts = ScriptDirectory.from_config(_config())
-    if revision not in {s.revision for s in scripts.walk_revisions()}:
+    if revision not in {s.revision for s in _scripts().walk_revisions()}:
         raise SchemaOutdated(f"the database's service tables are at revision {revision}, "
                              f"which this version does not know (newest: {head()}): a newer "
                              f"version of the service migrated it; run that version")

@@ -135,3 +135,28 @@ def test_bulk_user_attributes_on_other_storages_go_key_by_key():
     trial = study.ask()
     set_trial_user_attrs(storage, trial_id_of(trial), ATTRS)
     assert storage.get_trial(trial_id_of(trial)).user_attrs == ATTRS
+
+
+def test_optunas_migrations_load_once_a_process_and_still_stamp_and_check(tmp_path,
+                                                                           monkeypatch):
+    import alembic.script
+    import sqlalchemy as sa
+
+    open_storage(f"sqlite:///{tmp_path / 'first.db'}")  # loads them, if nothing did before
+    loads = []
+    real = alembic.script.ScriptDirectory.from_config
+    monkeypatch.setattr(alembic.script.ScriptDirectory, "from_config",
+                        classmethod(lambda cls, config: loads.append(1) or real(config)))
+    storages = [open_storage(f"sqlite:///{tmp_path / f'{i}.db'}") for i in range(3)]
+    head = storages[0].get_head_version()
+    assert loads == []
+    assert storages[0].get_all_versions()[0] == head
+    for storage in storages:  # each new database stamped at Optuna's head, and checked
+        with storage.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() \
+                == head
+        assert storage.get_current_version() == head
+    with storages[0].engine.begin() as conn:  # an unknown revision is still refused
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'v0.0.0.z'"))
+    with pytest.raises(StorageError, match="no longer compatible"):
+        open_storage(f"sqlite:///{tmp_path / '0.db'}")
