@@ -4,6 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+# Python's bytecode cache stays on (its default) even where the environment turns it off:
+# without it every test process, server, study driver and Ray worker compiles this project
+# from source again, and pytest re-rewrites every test module (the fast tier: 2m48s -> 1m55s
+# on 2 cores). The caches are __pycache__ folders, which git ignores.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: install demo test test-fast lint clean
 
 install: $(STAMP)
