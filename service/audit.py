@@ -78,10 +78,11 @@ class Change:
             raise ValueError(f"unknown audit action {self.action!r}")
 
     def row(self) -> dict[str, object]:
-        """The row's values (``at`` now), cut to the columns' lengths."""
+        """The row's values (``at`` now), cut to the columns' lengths; the address with its
+        control characters escaped (a trusted proxy's ``X-Forwarded-For`` is any text)."""
         return {"at": utcnow(), "actor": self.actor[:64], "action": self.action,
                 "target": self.target[:200],
-                "address": self.address[:64] if self.address else None,
+                "address": printable(self.address)[:64] if self.address else None,
                 "detail": self.detail}
 
     def params(self) -> dict[str, object]:

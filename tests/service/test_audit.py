@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from hpo.cli import app as hpo_app
 from service import audit
+from service.auth import resolve
 from service.db import AuditRow, utcnow
 from service.settings import Settings
 from tests.service.conftest import bearer, tiny_spec
@@ -167,3 +168,17 @@ def test_a_study_change_is_made_only_with_its_audit_row(client, tokens, app):
     assert client.delete("/v1/studies/ended", headers=h).status_code == 204
     assert _rows(app)[3:] == [("alice", "study.stop", "kept", ADDRESS, None),
                               ("alice", "study.delete", "ended", ADDRESS, None)]
+
+
+def test_an_address_with_control_characters_is_stored_escaped(client, tokens, app):
+    """A trusted proxy's ``X-Forwarded-For`` becomes the client's host as sent: its control
+    characters are stored escaped, as the log line shows them, on every write path (the
+    change's own statement on PostgreSQL, its transaction on SQLite, and ``record``)."""
+    hostile, shown = "10.0.0.1\r\n\x1b[2Jx", "10.0.0.1\\r\\n\\x1b[2Jx"
+    assert client.post("/v1/studies", json=tiny_spec("s1"),
+                       headers=bearer(tokens["alice"])).status_code == 201
+    c = app.state.components
+    auditor = audit.Auditor(c.sessions, "alice", hostile)
+    c.studies.stop(resolve(c.sessions, tokens["alice"]), "s1", auditor)
+    auditor("token.create", "t")
+    assert [r[3] for r in _rows(app)] == [ADDRESS, shown, shown]
