@@ -41,13 +41,9 @@ from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta, upl
 from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
+from hpo.pareto import nondomination_ranks
 from hpo.spec import StudySpec
-from hpo.storage import (
-    delete_trial_system_attrs,
-    nondomination_ranks,
-    system_attr_keys,
-    trial_id_of,
-)
+from hpo.storage import delete_trial_system_attrs, system_attr_keys, trial_id_of
 
 log = logging.getLogger(__name__)
 

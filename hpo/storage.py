@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import optuna
 import sqlalchemy
 import sqlalchemy.dialects.postgresql
@@ -53,11 +52,9 @@ _alembic_scripts_lock = threading.Lock()
 
 
 def _shared_alembic_script(manager: _VersionManager):
-    """Optuna's alembic ``ScriptDirectory``, loaded once a process. Optuna builds a new one
-    for each schema check (``_VersionManager._create_alembic_script``; an ``RDBStorage``
-    makes two, optuna-dashboard two more), each executing its 11 migration files again:
-    about 60 ms apiece. The directory holds no URL; read-only once loaded. (No upstream
-    issue found.)"""
+    """Optuna's alembic ``ScriptDirectory``, loaded once a process (it holds no URL): Optuna
+    loads it again, executing 11 migration files (60 ms), at each schema check, two per
+    ``RDBStorage`` and two in optuna-dashboard. (No upstream issue found.)"""
     config = manager._create_alembic_config()
     location = config.get_main_option("script_location")
     with _alembic_scripts_lock:
@@ -291,20 +288,13 @@ def create_study_statement(name: str, directions: Sequence[StudyDirection],
 def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
     """Delete a study with all its rows: directions, attributes, trials and every row of them.
 
-    Optuna's ``RDBStorage.delete_study`` is an ORM ``session.delete`` whose cascade loads
-    each relationship of the study and of each of its trials with its own SELECT, then
-    deletes the rows by primary key: 18 statements for a study of one trial, 72 for ten
-    (measured on SQLite and PostgreSQL). Here one transaction of one set-based DELETE per
-    table, 11 statements with Optuna 5.0's tables whatever the study's size; on PostgreSQL
-    these are one statement, each table's DELETE a data-modifying ``WITH`` of the study's
-    (its foreign keys are checked at the statement's end, when every DELETE has run). The tables
-    come from the foreign keys of Optuna's ORM metadata, children first: each table that
-    references ``trials.trial_id`` is deleted ``WHERE trial_id IN (SELECT trial_id FROM
-    trials WHERE study_id = :id)``, each that references ``studies.study_id`` (``trials``
-    too) ``WHERE study_id = :id``, then the study. A table a later Optuna adds is so
-    covered; should one reference a study's rows any other way (through another table, or
-    another column), this falls back to Optuna's ``delete_study``
-    (:func:`study_delete_statements`). Other storages: their ``delete_study``.
+    Optuna's ``RDBStorage.delete_study`` is an ORM cascade with a SELECT per relationship of
+    the study and of each trial: 18 statements for a study of one trial, 72 for ten. Here
+    one transaction of one set-based DELETE per table of Optuna's ORM metadata, children
+    first (:func:`hpo.study_sql.study_delete_statements`, which falls back to Optuna's for
+    tables it does not cover): 11 statements whatever the study's size; on PostgreSQL one
+    statement, each DELETE a data-modifying ``WITH`` (foreign keys are checked at its end).
+    Other storages: their ``delete_study``.
 
     A row a concurrent writer commits between two of the DELETEs (a trial after the
     trials' DELETE: PostgreSQL's READ COMMITTED sees it at the study's DELETE), or on
@@ -341,6 +331,19 @@ def delete_study(storage: optuna.storages.BaseStorage, study_id: int) -> None:
 
 
 DELETE_TRIES = 3
+
+
+def delete_study_parts(storage: optuna.storages.BaseStorage,
+                       ) -> tuple[sqlalchemy.Delete, ...] | None:
+    """:func:`delete_study`'s DELETEs on PostgreSQL, bound by ``study_id`` (the study's
+    last), for a caller's one statement that deletes more in the same round trip (a
+    concurrent writer's row makes it raise ``IntegrityError``, with nothing done); None
+    where :func:`delete_study` must run instead: another dialect or storage, or Optuna
+    tables it does not cover."""
+    if not (isinstance(storage, optuna.storages.RDBStorage)
+            and storage.engine.dialect.name == "postgresql"):
+        return None
+    return study_delete_statements(models.BaseModel.metadata)
 
 
 def system_attr_keys(storage: optuna.storages.BaseStorage, study: int | str,
@@ -416,29 +419,6 @@ def pareto_front_mask(losses):
         bool array of shape ``(n_trials,)``; rows equal to a front row are on the front too.
     """
     return _is_pareto_front(losses, assume_unique_lexsorted=False)
-
-
-def nondomination_ranks(losses):
-    """The front of each row of ``losses`` by non-dominated sorting (all objectives minimized).
-
-    Front 0 is :func:`pareto_front_mask`'s front; front ``k`` is the front of the rows
-    left after removing fronts ``0`` to ``k - 1``.
-
-    Args:
-        losses: float array of shape ``(n_rows, n_objectives)``, finite or ``inf``.
-
-    Returns:
-        int array of shape ``(n_rows,)``: each row's front, 0-based.
-    """
-    losses = np.asarray(losses, dtype=float)
-    ranks = np.full(len(losses), -1, dtype=int)
-    left = np.arange(len(losses))
-    front = 0
-    while left.size:
-        on_front = pareto_front_mask(losses[left])
-        ranks[left[on_front]] = front
-        left, front = left[~on_front], front + 1
-    return ranks
 
 
 def orm_models():

@@ -11,25 +11,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import shutil
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import optuna
 import sqlalchemy as sa
 import sqlalchemy.exc
-from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial
 from sqlalchemy.orm import sessionmaker
 
-from hpo import lease
 from hpo.errors import SpecError, StudyExistsError
-from hpo.models import ARTIFACTS_ATTR_PREFIX, remove_artifact_files
 from hpo.spec import StudySpec, WarmStartStudy
-from hpo.storage import create_study_statement, system_attr_keys
-from hpo.storage import delete_study as delete_optuna_study
+from hpo.storage import create_study_statement
 from hpo.study import create_study, new_study_rows
 from hpo.summary import StudySummary, TrialCounts, devices_held
 from hpo.warmstart import warm_start_points
@@ -47,6 +41,7 @@ from service.db import (
 from service.errors import StudyConflict, StudyNotFound, TrialNotFound
 from service.quotas import OwnerQuota, quota_of
 from service.settings import Settings
+from service.study_purge import delete_optuna_study, purge
 from service.study_rows import (
     STUDIES,
     mark_deleting_update,
@@ -57,11 +52,8 @@ from service.study_rows import (
     with_creating_row,
 )
 from service.summaries import (
-    adds_usage,
     compute_summary,
     queue_created,
-    remove_deleting,
-    remove_unused_deleting,
     store_summary,
 )
 
@@ -218,7 +210,7 @@ class StudyService:
     def undo_create(self, name: str, *, delete_optuna: bool) -> None:
         """Remove a half-created study: its Optuna study (if ours) and its row."""
         if delete_optuna:
-            self._delete_optuna_study(name)  # it has no artifacts yet: one SELECT finds none
+            delete_optuna_study(self.storage, name, self.settings)  # none: 1 SELECT
         with autocommit(self.sessions) as session:
             session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
                                                       StudyRow.status == Status.CREATING))
@@ -362,19 +354,9 @@ class StudyService:
         self.purge(name, seen=tuple(marked))
 
     def purge(self, name: str, seen: tuple[int | None, str | None] | None = None) -> None:
-        """Remove a DELETING study's kept models (artifact files), Optuna study, result files
-        and row. ``seen``: its owner and summary when it was marked (:meth:`_mark_deleting`;
-        None: not known); where the summary owed its owner no usage, the row goes in one
-        statement on PostgreSQL (:func:`service.summaries.remove_unused_deleting`)."""
-        self._delete_optuna_study(name)
-        results = (Path(self.settings.results_dir) / name).resolve()
-        if results.parent == Path(self.settings.results_dir).resolve() and results.is_dir():
-            shutil.rmtree(results, ignore_errors=True)
-        if seen is None or adds_usage(*seen) or not remove_unused_deleting(self.sessions, name,
-                                                                           seen[1]):
-            with self.sessions.begin() as session:
-                lease.forget(session.connection(), name)  # its driver lease, if free
-                remove_deleting(session, name)  # with its summary, into its owner's usage
+        """Remove a DELETING study's kept models, Optuna study, result files and row
+        (:func:`service.study_purge.purge`; ``seen``: its owner and summary when marked)."""
+        purge(self.settings, self.sessions, self.storage, name, seen)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -439,14 +421,3 @@ class StudyService:
                     change.record(session)
             session.commit()
             return row
-
-    def _delete_optuna_study(self, name: str) -> None:
-        """Delete the Optuna study ``name`` (if any) with its trials, set-based
-        (:func:`hpo.storage.delete_study`), first the files of its artifacts (their meta goes
-        with the study). Its id is read with the artifacts' keys, in one SELECT."""
-        store = FileSystemArtifactStore(Path(self.settings.artifacts_path).resolve())
-        with contextlib.suppress(KeyError):  # no such study, or deleted meanwhile
-            study_id, keys = system_attr_keys(self.storage, name, ARTIFACTS_ATTR_PREFIX)
-            remove_artifact_files(store, keys)
-            delete_optuna_study(self.storage, study_id)
-

@@ -203,24 +203,34 @@ def remove_deleting(session: Session, name: str) -> None:
     _add_usage(session, owners[0] if owners else None, kept[0] if kept else None)
 
 
-def remove_unused_deleting(sessions: sessionmaker, name: str, seen: str | None) -> bool:
+def remove_unused_deleting(sessions: sessionmaker, name: str, seen: str | None,
+                           optuna_study: tuple[tuple[sa.Delete, ...], int] | None = None,
+                           ) -> bool:
     """:func:`remove_deleting` with :func:`hpo.lease.forget` on PostgreSQL, for a study whose
     summary had no finished device-seconds when it was made DELETING (:func:`adds_usage`):
     one statement in autocommit, each DELETE a data-modifying ``WITH`` of it (1 round trip
     instead of 6: BEGIN, 3 DELETEs, COMMIT). The summary and the row go only if the summary
     is still ``seen`` (its JSON then, None if it had none), so nothing is owed to the
-    owner's usage; one written meanwhile leaves both, and False says so. False, and nothing
-    done, also elsewhere or where ``hpo_leases`` was never made: the caller then takes
-    :func:`remove_deleting`'s transaction."""
+    owner's usage; one written meanwhile leaves both, and False says so. ``optuna_study``:
+    its Optuna study's DELETEs (:func:`hpo.storage.delete_study_parts`) and id, to go in
+    the same statement, whatever the row does (a writer adding rows to it meanwhile raises
+    ``sqlalchemy.exc.IntegrityError``, nothing done). False, and nothing done, elsewhere
+    than PostgreSQL: the caller then takes :func:`remove_deleting`'s transaction."""
     with autocommit(sessions) as session:
         connection = session.connection()
-        forget = lease.forget_statement(connection, name)
-        if forget is None or connection.dialect.name != "postgresql":
+        if connection.dialect.name != "postgresql":
             return False
         summary, row = _unchanged_removal_statements()
-        statement = sa.select(sa.func.count()).select_from(row).add_cte(
-            summary, forget.cte("gone_lease"))
-        return connection.execute(statement, {"name": name, "seen": seen}).scalar() == 1
+        statement = sa.select(sa.func.count()).select_from(row).add_cte(summary)
+        forget = lease.forget_statement(connection, name)  # None: no lease table to clear
+        if forget is not None:
+            statement = statement.add_cte(forget.cte("gone_lease"))
+        params = {"name": name, "seen": seen}
+        if optuna_study is not None:
+            parts, params["study_id"] = optuna_study
+            statement = statement.add_cte(*(part.cte(f"gone_optuna_{i}")
+                                            for i, part in enumerate(parts)))
+        return connection.execute(statement, params).scalar() == 1
 
 
 @functools.cache

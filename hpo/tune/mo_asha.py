@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from hpo.storage import nondomination_ranks
+from hpo.pareto import nondomination_ranks
 
 
 def crowding_distance(losses: np.ndarray) -> np.ndarray:

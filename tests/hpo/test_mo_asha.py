@@ -13,9 +13,10 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
 from hpo.errors import SpecError
+from hpo.pareto import nondomination_ranks
 from hpo.record import StudyRecord
 from hpo.spec import parse_spec
-from hpo.storage import nondomination_ranks, open_storage
+from hpo.storage import open_storage
 from hpo.tune.mo_asha import MoRungs, MultiObjectiveASHA, crowding_distance
 from hpo.tune.schedulers import RecordingScheduler, build_scheduler
 from tests.hpo.test_schedulers import _Record
