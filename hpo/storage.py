@@ -211,11 +211,9 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
     ``set_study_user_attr`` / ``set_study_system_attr`` (a read of the study and of the
     attribute, then the insert). The service's create (one user attribute, the metric
     names) cost so 4 transactions and 10 statements on SQLite, 9 on PostgreSQL. On
-    ``RDBStorage`` this inserts into the tables of Optuna's ORM models, by Core statements
-    in one transaction: the study (``RETURNING`` its id), then each table's rows with one
-    statement, 1 transaction and 4 statements.
-    Values are JSON-encoded as Optuna encodes them (``json.dumps``). Any other storage
-    (in-memory, journal) gets the public calls.
+    ``RDBStorage``: one statement on PostgreSQL, else one transaction of 4
+    (:func:`insert_study`), values JSON-encoded as Optuna encodes them. Other storages
+    (in-memory, journal): the public calls.
 
     Args:
         directions: one per objective, in order.
@@ -232,26 +230,32 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
         for key, value in system_attrs.items():
             storage.set_study_system_attr(study_id, key, value)
         return study_id
-    rows = _study_rows(directions, user_attrs, system_attrs)
-    studies = models.StudyModel.__table__
     try:  # an IntegrityError is the name's unique constraint, as in create_new_study
-        # Core statements on the tables of Optuna's models: the ORM's add and flush cost
-        # more CPU than the round trips themselves
         if storage.engine.dialect.name == "postgresql":
             # one statement, so atomic without a transaction of its own: 1 round trip
             with autocommit_engine(storage.engine).connect() as conn:
                 return conn.execute(*create_study_statement(name, directions, user_attrs,
                                                             system_attrs)).scalar_one()
         with storage.engine.begin() as conn:
-            study_id = conn.execute(sqlalchemy.insert(studies).values(study_name=name)
-                                    .returning(studies.c.study_id)).scalar_one()
-            for model, values in rows.items():
-                if values:
-                    conn.execute(sqlalchemy.insert(model.__table__),
-                                 [{"study_id": study_id, **v} for v in values])
+            return insert_study(conn, name, directions, user_attrs, system_attrs)
     except sqlalchemy.exc.IntegrityError:
         raise optuna.exceptions.DuplicatedStudyError(
             f"a study named {name!r} exists already") from None
+
+
+def insert_study(conn: sqlalchemy.Connection, name: str, directions: Sequence[StudyDirection],
+                 user_attrs: Mapping[str, object], system_attrs: Mapping[str, object]) -> int:
+    """Insert the Optuna study ``name`` as :func:`create_study_with_attrs` does, in the
+    caller's transaction on ``conn`` (a connection to the storage's database), by Core
+    statements (the ORM's add and flush cost more CPU than the round trips): its id.
+    Raises ``sqlalchemy.exc.IntegrityError`` when the name is taken."""
+    studies = models.StudyModel.__table__
+    study_id = conn.execute(sqlalchemy.insert(studies).values(study_name=name)
+                            .returning(studies.c.study_id)).scalar_one()
+    for model, values in _study_rows(directions, user_attrs, system_attrs).items():
+        if values:
+            conn.execute(sqlalchemy.insert(model.__table__),
+                         [{"study_id": study_id, **v} for v in values])
     return study_id
 
 

@@ -356,4 +356,4 @@ class Dispatcher:
                 StudyRow.status == Status.CREATING, StudyRow.created_at < cutoff)
             ).scalars().all()
         for name in stale:
-            self.studies.undo_create(name, delete_optuna=True)
+            self.studies.undo_create(name)

@@ -21,10 +21,10 @@ import sqlalchemy.exc
 from optuna.trial import FrozenTrial
 from sqlalchemy.orm import sessionmaker
 
-from hpo.errors import SpecError, StudyExistsError
+from hpo.errors import SpecError
 from hpo.spec import StudySpec, WarmStartStudy
-from hpo.storage import create_study_statement
-from hpo.study import create_study, new_study_rows
+from hpo.storage import create_study_statement, insert_study
+from hpo.study import new_study_rows
 from hpo.summary import StudySummary, TrialCounts, devices_held
 from hpo.warmstart import warm_start_points
 from service import bounds, optuna_sql
@@ -118,16 +118,11 @@ class StudyService:
         self._check_warm_start(spec, owner)
         change = auditor.change("study.create", spec.name) if auditor is not None else None
         optuna_id = self._insert_creating(spec, owner)
-        try:  # from here on, an Optuna study of this name is the one this call creates
-            if optuna_id is None:
-                optuna_id = create_study(spec, self.storage)
+        try:  # from here on, the Optuna study of this name is the one this call created
             row = self._queue(spec, optuna_id, change)
             self.on_queued()
-        except StudyExistsError:  # an Optuna study of that name, made outside the service
-            self.undo_create(spec.name, delete_optuna=False)
-            raise _made_outside(spec.name) from None
         except BaseException:
-            self.undo_create(spec.name, delete_optuna=True)
+            self.undo_create(spec.name)
             raise
         return StudyView(row, owner.name, TrialCounts(), optuna_id, [], 0.0)
 
@@ -146,37 +141,40 @@ class StudyService:
                                        f"no study named {entry.study!r}") from None
         warm_start_points(spec, self.storage)
 
-    def _insert_creating(self, spec: StudySpec, owner: Principal) -> int | None:
-        """Insert the CREATING row; a concurrent create of the same name is answered 409
-        only once that create has finished (its row is no longer CREATING), so that a read
-        right after the 409 finds the study; if that create was undone, this one goes on.
-
-        On PostgreSQL the same statement creates the Optuna study (both or neither, one
-        round trip instead of two): its id; elsewhere None (the caller creates it).
+    def _insert_creating(self, spec: StudySpec, owner: Principal) -> int:
+        """Insert the CREATING row and create the Optuna study, both or neither (on
+        PostgreSQL one statement, elsewhere one transaction): the Optuna study's id. A
+        concurrent create of the same name is answered 409 only once that create has
+        finished (its row is no longer CREATING), so that a read right after the 409 finds
+        the study; if that create was undone, this one goes on. A crash leaves either
+        nothing or a CREATING row with its own Optuna study, which a restart undoes.
 
         Raises:
-            StudyConflict: a study of that name exists, here or (PostgreSQL) in Optuna.
+            StudyConflict: a study of that name exists, here or in Optuna (made outside).
         """
         row = {"name": spec.name, "owner_id": owner.token_id, "status": Status.CREATING,
                "spec": spec.to_dict(), "n_trials": spec.budget.n_trials}
         postgresql = self.sessions.kw["bind"].dialect.name == "postgresql"
         for _ in range(CREATE_RACE_TRIES):
             try:
-                with one_statement(self.sessions) as conn:  # one Core statement, built once
-                    if not postgresql:
+                with one_statement(self.sessions) as conn:  # Core statements, built once
+                    if not postgresql:  # one transaction
                         conn.execute(_INSERT, row)
-                        return None
+                        return insert_study(conn, spec.name, *new_study_rows(spec))
                     statement, params = create_study_statement(spec.name,
                                                                *new_study_rows(spec))
                     return conn.execute(with_creating_row(statement), {
                         **params, **{f"row_{k}": v for k, v in row.items()},
                         "row_at": utcnow()}).scalar_one()
-            except sqlalchemy.exc.IntegrityError:  # the row's name, or (PG) Optuna's
+            except sqlalchemy.exc.IntegrityError:  # the row's name, or Optuna's
                 pass
-            if postgresql and self._optuna_only(spec.name):
+            if self._optuna_only(spec.name):
                 raise _made_outside(spec.name)
             if self._wait_not_creating(spec.name):
                 break
+        else:
+            if self._optuna_only(spec.name):  # its creates kept being undone: this one's too
+                raise _made_outside(spec.name)
         raise StudyConflict(f"a study named {spec.name!r} exists already")
 
     def _wait_not_creating(self, name: str) -> bool:
@@ -207,10 +205,10 @@ class StudyService:
             raise StudyConflict(f"study {spec.name!r} was removed while it was being created")
         return row
 
-    def undo_create(self, name: str, *, delete_optuna: bool) -> None:
-        """Remove a half-created study: its Optuna study (if ours) and its row."""
-        if delete_optuna:
-            delete_optuna_study(self.storage, name, self.settings)  # none: 1 SELECT
+    def undo_create(self, name: str) -> None:
+        """Remove a half-created study: its Optuna study (made with its CREATING row, so
+        ours) and its row."""
+        delete_optuna_study(self.storage, name, self.settings)  # no artifacts: one SELECT
         with autocommit(self.sessions) as session:
             session.execute(sa.delete(StudyRow).where(StudyRow.name == name,
                                                       StudyRow.status == Status.CREATING))

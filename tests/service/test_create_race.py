@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 import time
 
+import optuna
 import pytest
 import sqlalchemy as sa
 
+from service.auth import resolve
 from service.db import Status, StudyRow
 from service.settings import Settings
 from tests.service.conftest import bearer, tiny_spec
@@ -63,3 +65,58 @@ def test_a_create_goes_on_when_the_one_holding_the_name_is_undone(client, tokens
     h = bearer(tokens["alice"])
     assert client.post("/v1/studies", json=tiny_spec("undone"), headers=h).status_code == 201
     assert client.get("/v1/studies/undone", headers=h).status_code == 200
+
+
+def test_concurrent_creates_of_a_name_made_outside_all_say_so_and_leave_it_intact(
+        client, tokens, app):
+    """Each of 16 concurrent creates of a name an Optuna study made outside the service
+    holds answers 409 "made outside" (on SQLite some answered "exists already" once their
+    tries ran out behind the others' undone creates), and the study is left as it was."""
+    storage = app.state.components.studies.storage
+    study = optuna.create_study(study_name="theirs", storage=storage, direction="maximize")
+    study.set_user_attr("owner", "them")
+    study.enqueue_trial({"x": 1.0})
+    h, answers = bearer(tokens["alice"]), []
+
+    def create() -> None:
+        r = client.post("/v1/studies", json=tiny_spec("theirs"), headers=h)
+        answers.append((r.status_code, r.json()["error"]["message"]))
+
+    threads = [threading.Thread(target=create) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made_outside = ("a study named 'theirs' exists already in the Optuna storage, made "
+                    "outside the service (directly with Optuna): choose another name")
+    assert answers == [(409, made_outside)] * 16
+    kept = optuna.load_study(study_name="theirs", storage=storage)
+    assert kept.user_attrs == {"owner": "them"} and len(kept.trials) == 1
+    assert kept.direction == optuna.study.StudyDirection.MAXIMIZE
+    with app.state.components.sessions() as session:
+        assert session.execute(sa.select(StudyRow)).first() is None
+
+
+class _Crash(BaseException):
+    """The process dying inside the create (what kill -9 does to its transaction)."""
+
+
+def test_a_create_that_dies_midway_leaves_neither_its_row_nor_its_optuna_study(
+        tokens, app, monkeypatch):
+    """The CREATING row and the Optuna study are written together (one statement on
+    PostgreSQL, one transaction elsewhere): a create that dies between them leaves
+    nothing, so no later clean-up has to guess whose Optuna study a CREATING row's is."""
+    from service import studies
+
+    def dies(*args, **kwargs):
+        raise _Crash
+
+    monkeypatch.setattr(studies, "insert_study", dies)  # SQLite: after the row's INSERT
+    monkeypatch.setattr(studies, "with_creating_row", dies)  # PostgreSQL: before its one
+    c = app.state.components
+    with pytest.raises(_Crash):
+        c.studies.create(tiny_spec("cut"), resolve(c.sessions, tokens["alice"]))
+    storage = c.studies.storage
+    assert [s.study_name for s in storage.get_all_studies()] == []
+    with app.state.components.sessions() as session:
+        assert session.execute(sa.select(StudyRow)).first() is None

@@ -162,11 +162,13 @@ def test_a_failure_while_creating_the_optuna_study_leaves_nothing_stored(client,
                                                                           monkeypatch):
     import service.studies
 
-    def broken_create_study(spec, storage):
-        optuna.create_study(study_name=spec.name, storage=storage)
+    real_insert_study = service.studies.insert_study
+
+    def broken_insert_study(conn, name, *rows):  # SQLite: in the CREATING row's transaction
+        real_insert_study(conn, name, *rows)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(service.studies, "create_study", broken_create_study)
+    monkeypatch.setattr(service.studies, "insert_study", broken_insert_study)
     with TestClient(app, raise_server_exceptions=False) as c:
         r = c.post("/v1/studies", json=tiny_spec("half"), headers=bearer(tokens["alice"]))
     assert r.status_code == 500
