@@ -45,9 +45,7 @@ OPTUNA_VERSION = "5.0.0"
 require("Optuna", optuna.__version__, OPTUNA_VERSION, __name__)
 
 DEFAULT_STORAGE_URL = "sqlite:///hpo.db"
-
-
-_alembic_scripts: dict[str, object] = {}
+_alembic_scripts: dict[str, object] = {}  # alembic's ScriptDirectory by location
 _alembic_scripts_lock = threading.Lock()
 
 
@@ -58,7 +56,7 @@ def _shared_alembic_script(manager: _VersionManager):
     config = manager._create_alembic_config()
     location = config.get_main_option("script_location")
     with _alembic_scripts_lock:
-        if location not in _alembic_scripts:
+        if location not in _alembic_scripts:  # alembic: imported by Optuna's storage already
             from alembic.script import ScriptDirectory
 
             _alembic_scripts[location] = ScriptDirectory.from_config(config)
@@ -85,6 +83,8 @@ def open_storage(url: str = DEFAULT_STORAGE_URL, pool_size: int | None = None,
     Raises:
         StorageError: bad URL, unreachable database, or schema problems.
     """
+    from alembic.util.exc import CommandError  # as Optuna's storage does, on first use
+
     try:
         path = sqlite_path(url)
         if path is not None:
@@ -102,7 +102,8 @@ def open_storage(url: str = DEFAULT_STORAGE_URL, pool_size: int | None = None,
         raise
     except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, ValueError, OSError,
             ImportError,  # the URL's database driver is not installed
-            RuntimeError) as e:  # Optuna's schema check: a schema of another Optuna version
+            RuntimeError,  # Optuna's schema check: a schema of another Optuna version
+            CommandError) as e:  # a damaged alembic_version table
         raise StorageError(f"cannot open storage {redact(url)}: {e}") from e
 
 
@@ -246,9 +247,8 @@ def create_study_with_attrs(storage: optuna.storages.BaseStorage, name: str,
 def insert_study(conn: sqlalchemy.Connection, name: str, directions: Sequence[StudyDirection],
                  user_attrs: Mapping[str, object], system_attrs: Mapping[str, object]) -> int:
     """Insert the Optuna study ``name`` as :func:`create_study_with_attrs` does, in the
-    caller's transaction on ``conn`` (a connection to the storage's database), by Core
-    statements (the ORM's add and flush cost more CPU than the round trips): its id.
-    Raises ``sqlalchemy.exc.IntegrityError`` when the name is taken."""
+    caller's transaction on ``conn`` (to the storage's database), by Core statements: its
+    id. Raises ``sqlalchemy.exc.IntegrityError`` when the name is taken."""
     studies = models.StudyModel.__table__
     study_id = conn.execute(sqlalchemy.insert(studies).values(study_name=name)
                             .returning(studies.c.study_id)).scalar_one()
@@ -339,11 +339,9 @@ DELETE_TRIES = 3
 
 def delete_study_parts(storage: optuna.storages.BaseStorage,
                        ) -> tuple[sqlalchemy.Delete, ...] | None:
-    """:func:`delete_study`'s DELETEs on PostgreSQL, bound by ``study_id`` (the study's
-    last), for a caller's one statement that deletes more in the same round trip (a
-    concurrent writer's row makes it raise ``IntegrityError``, with nothing done); None
-    where :func:`delete_study` must run instead: another dialect or storage, or Optuna
-    tables it does not cover."""
+    """:func:`delete_study`'s DELETEs on PostgreSQL, bound by ``study_id``, for a caller's
+    statement that deletes more in one round trip (a concurrent writer's row: an
+    ``IntegrityError``, nothing done); None where :func:`delete_study` must run instead."""
     if not (isinstance(storage, optuna.storages.RDBStorage)
             and storage.engine.dialect.name == "postgresql"):
         return None

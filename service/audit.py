@@ -82,7 +82,7 @@ class Change:
         control characters escaped (a trusted proxy's ``X-Forwarded-For`` is any text)."""
         return {"at": utcnow(), "actor": self.actor[:64], "action": self.action,
                 "target": self.target[:200],
-                "address": printable(self.address)[:64] if self.address else None,
+                "address": _escaped_prefix(self.address, 64) if self.address else None,
                 "detail": self.detail}
 
     def params(self) -> dict[str, object]:
@@ -99,6 +99,21 @@ class Change:
         log.info("audit: %s %s %s from %s%s", printable(self.actor), self.action,
                  printable(self.target), printable(self.address or "?"),
                  f" {self.detail}" if self.detail else "")
+
+
+def _escaped_prefix(text: str, limit: int) -> str:
+    """``text`` with control characters escaped (:func:`hpo.errors.printable`), cut to at
+    most ``limit`` characters between two escapes, never inside one."""
+    escaped = printable(text)
+    if len(escaped) <= limit:
+        return escaped
+    kept = ""
+    for char in text:
+        shown = printable(char)
+        if len(kept) + len(shown) > limit:
+            return kept
+        kept += shown
+    return kept
 
 
 def insert_for(changed: sa.CTE) -> sa.CTE:

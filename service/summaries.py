@@ -237,14 +237,20 @@ def remove_unused_deleting(sessions: sessionmaker, name: str, seen: str | None,
 def _unchanged_removal_statements() -> tuple[sa.CTE, sa.CTE]:
     """:func:`remove_unused_deleting`'s DELETEs, as ``WITH``s (built once):
     :func:`_removal_statements`' summary and row of the DELETING study ``:name``, each
-    only if its summary is still ``:seen``."""
+    only if its summary is still ``:seen``. The row goes only with the summary (or, seen
+    none, where none is): a summary updated while the statement waited for its lock is
+    left by the summary's DELETE, which reads it again, and so the row stays too (a
+    condition on the summary in the row's DELETE would read the statement's snapshot, and
+    the row's removal would then cascade to the new summary, its usage lost)."""
     studies, summaries = StudyRow.__table__, SummaryRow.__table__
     seen = sa.bindparam("seen", type_=sa.Text)
-    changed = sa.exists().where(summaries.c.study_id == studies.c.id,
-                                summaries.c.summary.is_distinct_from(seen))
     delete_summary, delete_row = _removal_statements()
-    return (delete_summary.where(summaries.c.summary.is_not_distinct_from(seen))
-            .cte("gone_summary"), delete_row.where(~changed).cte("gone_row"))
+    gone_summary = delete_summary.where(summaries.c.summary.is_not_distinct_from(seen)
+                                        ).cte("gone_summary")
+    none_kept = sa.and_(seen.is_(None),
+                        ~sa.exists().where(summaries.c.study_id == studies.c.id))
+    return gone_summary, delete_row.where(sa.or_(sa.exists(gone_summary.select()),
+                                                 none_kept)).cte("gone_row")
 
 
 def adds_usage(owner_id: int | None, summary: str | None) -> bool:

@@ -160,3 +160,14 @@ def test_optunas_migrations_load_once_a_process_and_still_stamp_and_check(tmp_pa
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'v0.0.0.z'"))
     with pytest.raises(StorageError, match="no longer compatible"):
         open_storage(f"sqlite:///{tmp_path / '0.db'}")
+
+
+def test_a_damaged_alembic_version_table_is_a_storage_error(tmp_path):
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'two-heads.db'}"
+    open_storage(url).engine.dispose()
+    with sa.create_engine(url).begin() as conn:  # a second version row: two "heads"
+        conn.execute(sa.text("INSERT INTO alembic_version VALUES ('v3.0.0.d')"))
+    with pytest.raises(StorageError, match="cannot open storage .*more than one head"):
+        open_storage(url)

@@ -182,3 +182,9 @@ def test_an_address_with_control_characters_is_stored_escaped(client, tokens, ap
     c.studies.stop(resolve(c.sessions, tokens["alice"]), "s1", auditor)
     auditor("token.create", "t")
     assert [r[3] for r in _rows(app)] == [ADDRESS, shown, shown]
+
+
+def test_a_long_address_is_cut_between_escapes_never_inside_one(app):
+    audit.record(app.state.components.sessions, "x", "study.stop", "s", "a" * 61 + "\x1b[2J")
+    audit.record(app.state.components.sessions, "x", "study.stop", "s", "b" * 70)
+    assert [r[3] for r in _rows(app)] == ["a" * 61, "b" * 64]

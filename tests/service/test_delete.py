@@ -4,6 +4,9 @@ summary written since the study was marked DELETING)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import optuna
 import pytest
 import sqlalchemy as sa
@@ -135,3 +138,28 @@ def test_a_summary_written_after_the_mark_moves_its_usage_and_the_study_still_go
     assert _left(app, optuna_id, "late") == NOTHING
     with c.sessions() as session:
         assert session.execute(sa.select(UsageRow.device_seconds)).scalars().all() == [1.5]
+
+
+def test_a_summary_written_while_the_delete_waits_for_its_lock_keeps_its_usage(
+        client, tokens, app):
+    """A driver's last summary write, committed while the delete's statement waits for the
+    summary row's lock, is counted in its owner's usage (PostgreSQL: the row's DELETE read
+    the statement's snapshot, removed the row and, by cascade, the new summary: 0 s)."""
+    optuna_id = _ended_with_trials(client, app, tokens["alice"], "sw")
+    c = app.state.components
+    alice = resolve(c.sessions, tokens["alice"])
+    owing = StudySummary(optuna_study_id=optuna_id, n_objectives=1,
+                         counts=TrialCounts(complete=3), device_seconds_finished=7.0)
+    study = sa.select(StudyRow.id).where(StudyRow.name == "sw").scalar_subquery()
+    with c.sessions.kw["bind"].connect() as writer:
+        held = writer.begin()
+        writer.execute(sa.update(SummaryRow).where(SummaryRow.study_id == study)
+                       .values(summary=owing.to_json()))
+        deleting = threading.Thread(target=c.studies.delete, args=(alice, "sw"))
+        deleting.start()
+        time.sleep(1.5)  # the delete now waits for the summary row (PostgreSQL) or the
+        held.commit()  # database (SQLite)
+    deleting.join(60)
+    assert _left(app, optuna_id, "sw") == NOTHING
+    with c.sessions() as session:
+        assert session.execute(sa.select(UsageRow.device_seconds)).scalars().all() == [7.0]
