@@ -45,6 +45,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
+from hpo.errors import StorageError
 from hpo.lease import holder_gone, take, while_held
 from service import quotas
 from service.db import Status, StudyRow, TrialSlotRow, utcnow
@@ -166,6 +167,7 @@ class Dispatcher:
         self.reap()
         if time.monotonic() - self._creates_swept_at >= STALE_CREATES_EVERY_S:
             self.undo_stale_creates()
+            self.finish_stale_deletes()
         for name, old_claim in self.abandoned():
             if len(self.drivers) >= self.settings.max_running_studies:
                 return
@@ -357,3 +359,19 @@ class Dispatcher:
             ).scalars().all()
         for name in stale:
             self.studies.undo_create(name)
+
+    def finish_stale_deletes(self) -> None:
+        """Finish the deletes left DELETING for over ``CREATING_GRACE_S`` while the service
+        runs, every ``STALE_CREATES_EVERY_S``: a delete whose Optuna study kept gaining rows
+        answered 503 and left its row DELETING, which reads and deletes no longer see. One
+        that fails again is logged and tried at the next sweep."""
+        cutoff = utcnow() - dt.timedelta(seconds=CREATING_GRACE_S)
+        with self.sessions() as session:
+            stale = session.execute(sa.select(StudyRow.name).where(
+                StudyRow.status == Status.DELETING, StudyRow.updated_at < cutoff)
+            ).scalars().all()
+        for name in stale:
+            try:
+                self.studies.purge(name)
+            except (StorageError, sa.exc.SQLAlchemyError) as e:
+                log.warning("study %s: its delete could not be finished yet: %s", name, e)

@@ -336,6 +336,26 @@ def test_a_running_dispatcher_undoes_old_creates_every_interval(world):
     assert d.undo_stale_creates.calls == 1
 
 
+def test_a_running_dispatcher_finishes_old_deletes_every_interval(world):
+    """A delete whose Optuna study kept gaining rows answers 503 and leaves its row
+    DELETING, which reads and deletes no longer see: the running dispatcher finishes such
+    deletes once they are ``CREATING_GRACE_S`` old, at its sweep; a young one it leaves."""
+    import service.dispatcher
+
+    app, submit, dispatcher = world
+    submit("left", "young", "queued")
+    old = utcnow() - dt.timedelta(seconds=service.dispatcher.CREATING_GRACE_S + 5)
+    _set(app, "left", status=Status.DELETING, updated_at=old)
+    _set(app, "young", status=Status.DELETING)
+    _set(app, "queued", updated_at=old)
+    d = dispatcher(max_running_studies=1)
+    d._creates_swept_at = -1e9  # the interval has passed
+    d.run_once()
+    assert sorted(_rows(app)) == ["queued", "young"]
+    storage = app.state.components.studies.storage
+    assert sorted(s.study_name for s in storage.get_all_studies()) == ["queued", "young"]
+
+
 def _counting(fn):
     def counted(*args, **kwargs):
         counted.calls += 1
