@@ -31,8 +31,8 @@ def purge(settings: Settings, sessions: sessionmaker, storage: optuna.storages.B
 
     Raises:
         hpo.errors.StorageError: rows kept being added to the Optuna study (the row stays
-            DELETING, hidden from reads and deletes; the next start of the service finishes
-            it: :meth:`service.dispatcher.Dispatcher.recover_interrupted_writes`).
+            DELETING, hidden from reads and deletes; the dispatcher finishes it once it is
+            older than its grace: :meth:`service.dispatcher.Dispatcher.finish_stale_deletes`).
     """
     study_id = _remove_artifact_files(settings, storage, name)
     results = (Path(settings.results_dir) / name).resolve()
