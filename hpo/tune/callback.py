@@ -188,7 +188,25 @@ class NoTBXLog(_WritesNothing, TBXLoggerCallback):
     """Stands in for Tune's ``TBXLoggerCallback``; writes nothing (see ``no_trial_logs``)."""
 
 
+class _NoMissingTrialLogs(logging.Filter):
+    """Drops the warning of Tune's ``ExperimentAnalysis`` at the end of a run that names
+    only trials without ``result.json`` and ``progress.csv``, which ``no_trial_logs`` keeps
+    from being written: one line per trial at the end of every study's driver log, read as
+    failures. A warning naming any other failure passes."""
+
+    MISSING = "both result.json and progress.csv were not found"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        lines = record.getMessage().splitlines()
+        return not (lines[0].startswith("Failed to fetch metrics for") and len(lines) > 1
+                    and all(self.MISSING in line for line in lines[1:]))
+
+
+_MISSING_TRIAL_LOGS = _NoMissingTrialLogs()
+
+
 def no_trial_logs() -> list[Callback]:
     """Callbacks that keep Tune from adding its per-trial log files to a run (see
-    ``_WritesNothing``)."""
+    ``_WritesNothing``), and the filter of Tune's warning that they are missing."""
+    logging.getLogger("ray.tune.analysis.experiment_analysis").addFilter(_MISSING_TRIAL_LOGS)
     return [NoCSVLog(), NoJsonLog(), NoTBXLog()]

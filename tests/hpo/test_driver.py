@@ -265,3 +265,24 @@ def test_a_stop_seen_before_the_first_trial_starts_none(sqlite_url, tmp_path, as
     assert calls == [ask]
     assert optuna.load_study(study_name=f"stopped-early-{ask}", storage=sqlite_url).trials == []
     assert out.counts.finished == 0 and out.counts.running == 0
+
+
+def test_tunes_warning_of_the_trial_logs_it_does_not_write_is_dropped_and_no_other(caplog):
+    import logging
+
+    from hpo.tune.callback import no_trial_logs
+
+    no_trial_logs()
+    no_trial_logs()  # one filter, however many runs
+    logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    assert len(logger.filters) == 1
+    missing = ("- train_{}: FileNotFoundError('Could not fetch metrics for train_{}: both "
+               "result.json and progress.csv were not found at /x')")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logger.warning("Failed to fetch metrics for 2 trial(s):\n%s\n%s",
+                       missing.format(1, 1), missing.format(2, 2))
+        logger.warning("Failed to fetch metrics for 2 trial(s):\n%s\n- train_3: "
+                       "PermissionError('denied')", missing.format(1, 1))
+        logger.warning("something else")
+    assert [r.getMessage().splitlines()[-1] for r in caplog.records] == [
+        "- train_3: PermissionError('denied')", "something else"]
