@@ -1,6 +1,7 @@
 """The end of a study's delete: its kept models (artifact files), Optuna study, result files
-and row, in that order (files first: a crash between leaves the DELETING row, and a restart
-finishes, :meth:`service.dispatcher.Dispatcher.recover_interrupted_writes`)."""
+and row, in that order (files first: a crash between leaves the DELETING row, which the
+dispatcher finishes: at its start, :meth:`service.dispatcher.Dispatcher.
+recover_interrupted_writes`, and once past its grace while it runs)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,7 @@ def purge(settings: Settings, sessions: sessionmaker, storage: optuna.storages.B
             if remove_unused_deleting(sessions, name, seen[1], (parts, study_id)):
                 return
             study_id = unused = None  # its Optuna study went; its row owes usage now
-    if study_id is not None:
-        with contextlib.suppress(KeyError):  # deleted meanwhile
-            delete_study(storage, study_id)
+    _delete_study(storage, study_id)
     if not unused or not remove_unused_deleting(sessions, name, seen[1]):
         with sessions.begin() as session:
             lease.forget(session.connection(), name)  # its driver lease, if free
@@ -58,7 +57,10 @@ def delete_optuna_study(storage: optuna.storages.BaseStorage, name: str,
                         settings: Settings) -> None:
     """Delete the Optuna study ``name`` (if any) with its trials, set-based
     (:func:`hpo.storage.delete_study`), after its artifacts' files."""
-    study_id = _remove_artifact_files(settings, storage, name)
+    _delete_study(storage, _remove_artifact_files(settings, storage, name))
+
+
+def _delete_study(storage: optuna.storages.BaseStorage, study_id: int | None) -> None:
     if study_id is not None:
         with contextlib.suppress(KeyError):  # deleted meanwhile
             delete_study(storage, study_id)
