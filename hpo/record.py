@@ -48,7 +48,7 @@ from hpo.space import distributions
 from hpo.spec import StudySpec
 from hpo.storage import set_trial_user_attrs, trial_id_of
 from hpo.study import SPEC_ATTR as SPEC_ATTR  # re-exported: hpo.warmstart reads it here
-from hpo.study import create_study as create_study  # re-exported for the service
+from hpo.study import create_study as create_study  # re-exported (tests/hpo/test_record.py)
 from hpo.study import open_stored_study
 from hpo.trialvalues import final_values, last_values, set_constraints
 

@@ -64,7 +64,8 @@ def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
     names; its storage id.
 
     One transaction (:func:`hpo.storage.create_study_with_attrs`), for a study known to be
-    new (the service's create); :func:`open_study` loads or creates and compares.
+    new; :func:`open_study` loads or creates and compares. (The service writes the same rows
+    with its study's row: :func:`new_study_rows`.)
 
     Raises:
         StudyExistsError: a study of that name exists (made here or anywhere else).

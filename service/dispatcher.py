@@ -352,12 +352,7 @@ class Dispatcher:
         while the service runs: a service started again within the grace of a crash found
         them young, and their names stayed taken (409) until a later start."""
         self._creates_swept_at = time.monotonic()
-        cutoff = utcnow() - dt.timedelta(seconds=CREATING_GRACE_S)
-        with self.sessions() as session:
-            stale = session.execute(sa.select(StudyRow.name).where(
-                StudyRow.status == Status.CREATING, StudyRow.created_at < cutoff)
-            ).scalars().all()
-        for name in stale:
+        for name in self._past_grace(Status.CREATING, StudyRow.created_at):
             self.studies.undo_create(name)
 
     def finish_stale_deletes(self) -> None:
@@ -365,13 +360,16 @@ class Dispatcher:
         runs, every ``STALE_CREATES_EVERY_S``: a delete whose Optuna study kept gaining rows
         answered 503 and left its row DELETING, which reads and deletes no longer see. One
         that fails again is logged and tried at the next sweep."""
-        cutoff = utcnow() - dt.timedelta(seconds=CREATING_GRACE_S)
-        with self.sessions() as session:
-            stale = session.execute(sa.select(StudyRow.name).where(
-                StudyRow.status == Status.DELETING, StudyRow.updated_at < cutoff)
-            ).scalars().all()
-        for name in stale:
+        for name in self._past_grace(Status.DELETING, StudyRow.updated_at):
             try:
                 self.studies.purge(name)
             except (StorageError, sa.exc.SQLAlchemyError) as e:
                 log.warning("study %s: its delete could not be finished yet: %s", name, e)
+
+    def _past_grace(self, status: Status, since: sa.orm.InstrumentedAttribute) -> list[str]:
+        """The names of the studies in ``status`` whose ``since`` is over
+        ``CREATING_GRACE_S`` old."""
+        cutoff = utcnow() - dt.timedelta(seconds=CREATING_GRACE_S)
+        with self.sessions() as session:
+            return list(session.execute(sa.select(StudyRow.name).where(
+                StudyRow.status == status, since < cutoff)).scalars())

@@ -316,16 +316,7 @@ def test_a_running_dispatcher_undoes_old_creates_every_interval(world):
     """A service started again within the grace of a crash found the crash's CREATING row
     young and kept it; its name stayed taken (409) until a later start. The running
     dispatcher undoes such creates too, at most every ``STALE_CREATES_EVERY_S``."""
-    import service.dispatcher
-
-    app, submit, dispatcher = world
-    submit("left", "young", "queued")
-    old = utcnow() - dt.timedelta(seconds=service.dispatcher.CREATING_GRACE_S + 5)
-    _set(app, "left", status=Status.CREATING, created_at=old)
-    _set(app, "young", status=Status.CREATING)
-    _set(app, "queued", created_at=old)
-    d = dispatcher(max_running_studies=1)
-    d._creates_swept_at = -1e9  # the interval has passed
+    app, d = _left_young_and_queued(world, Status.CREATING, "created_at")
     d.undo_stale_creates = _counting(d.undo_stale_creates)
     d.run_once()
     assert d.undo_stale_creates.calls == 1
@@ -340,20 +331,28 @@ def test_a_running_dispatcher_finishes_old_deletes_every_interval(world):
     """A delete whose Optuna study kept gaining rows answers 503 and leaves its row
     DELETING, which reads and deletes no longer see: the running dispatcher finishes such
     deletes once they are ``CREATING_GRACE_S`` old, at its sweep; a young one it leaves."""
+    app, d = _left_young_and_queued(world, Status.DELETING, "updated_at")
+    d.run_once()
+    assert sorted(_rows(app)) == ["queued", "young"]
+    storage = app.state.components.studies.storage
+    assert sorted(s.study_name for s in storage.get_all_studies()) == ["queued", "young"]
+
+
+def _left_young_and_queued(world, status: Status, since: str):
+    """Studies ``left`` (in ``status`` past the grace, by its column ``since``), ``young``
+    (in ``status`` just now) and ``queued`` (QUEUED, ``since`` as old as ``left``'s), and a
+    dispatcher whose sweep interval has passed."""
     import service.dispatcher
 
     app, submit, dispatcher = world
     submit("left", "young", "queued")
     old = utcnow() - dt.timedelta(seconds=service.dispatcher.CREATING_GRACE_S + 5)
-    _set(app, "left", status=Status.DELETING, updated_at=old)
-    _set(app, "young", status=Status.DELETING)
-    _set(app, "queued", updated_at=old)
+    _set(app, "left", status=status, **{since: old})
+    _set(app, "young", status=status)
+    _set(app, "queued", **{since: old})
     d = dispatcher(max_running_studies=1)
     d._creates_swept_at = -1e9  # the interval has passed
-    d.run_once()
-    assert sorted(_rows(app)) == ["queued", "young"]
-    storage = app.state.components.studies.storage
-    assert sorted(s.study_name for s in storage.get_all_studies()) == ["queued", "young"]
+    return app, d
 
 
 def _counting(fn):
