@@ -393,8 +393,9 @@ class StudyRecord:
                 feasible is not False:
             value = values[0]
             maximize = self.spec.objectives[0].direction == "maximize"
-            if self.best is None or (value > self.best[1] if maximize else value < self.best[1]):
-                self.best = (t.number, value)
+            if self.best is None or (value > self.best[1] if maximize else value < self.best[1]
+                                     ) or (value == self.best[1] and t.number < self.best[0]):
+                self.best = (t.number, value)  # of equal values the first (hpo.summary.best_single)
 
     # -- the study as a whole ----------------------------------------------------------
 

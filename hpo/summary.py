@@ -8,7 +8,8 @@ the driver starts, follows every trial the record changes, and hands the current
 own, so that its reads of a study never scan the study's trials; issue 13, point 5).
 
 The numbers are Optuna's: the best trial is ``Study.best_trial`` (feasible trials only
-where the study has constraints), the front is ``Study.best_trials`` (Optuna's own
+where the study has constraints; of equal values the lowest-numbered, :func:`best_single`),
+the front is ``Study.best_trials`` (Optuna's own
 non-dominated sort, ``hpo.storage.pareto_front_mask``), each without intermediate
 values.
 """
@@ -295,13 +296,12 @@ class SummaryTracker:
 
     def _consider(self, complete: list[FrozenTrial]) -> None:
         """Take COMPLETE trials into the best trial or the front."""
-        fresh = [t for t in complete if t.number not in self._best and _feasible(t)
+        fresh = [t for t in complete if t.number not in self._best and feasible(t)
                  and t.values is not None and len(t.values) == len(self.maximize)]
         if not fresh:
             return
         if len(self.maximize) == 1:
-            sign = -1.0 if self.maximize[0] else 1.0
-            best = min([*self._best.values(), *fresh], key=lambda t: sign * t.values[0])
+            best = best_single([*self._best.values(), *fresh], self.maximize[0])
             self._best = {best.number: best}
             return
         pool = sorted([*self._best.values(), *fresh], key=lambda t: t.number)
@@ -346,7 +346,18 @@ def _maximize(direction: StudyDirection | str) -> bool:
     return direction == "maximize"
 
 
-def _feasible(trial: FrozenTrial) -> bool:
+def best_single(trials: Iterable[FrozenTrial], maximize: bool) -> FrozenTrial | None:
+    """The best of single-objective COMPLETE ``trials`` (their ``values[0]``; None if there
+    are none), and of equal values the lowest-numbered: the trial that got there first, as
+    ``Study.best_trial`` answers on Optuna's in-memory storage. On an RDB storage Optuna's
+    query orders by value alone, so its pick among ties is the database's; one rule here
+    keeps the REST answer, the CLI and the driver's outcome on the same trial whatever the
+    order the trials ended in."""
+    sign = -1.0 if maximize else 1.0
+    return min(trials, key=lambda t: (sign * t.values[0], t.number), default=None)
+
+
+def feasible(trial: FrozenTrial) -> bool:
     """Optuna's feasibility: every constraint value <= 0 (none: feasible)."""
     return all(c <= 0.0 for c in trial.constraints.values())
 

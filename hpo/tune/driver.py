@@ -28,6 +28,7 @@ from hpo.record import Counts, Orphan, StudyRecord, TrialListener
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
 from hpo.stopping import StudyStopRule
 from hpo.storage import open_storage
+from hpo.summary import best_single, feasible
 from hpo.taskcode import task_code
 from hpo.tune.callback import RecordCallback, no_trial_logs
 from hpo.tune.cluster import check_resources, init_ray
@@ -377,6 +378,11 @@ def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = Fals
             best = record.study.best_trial  # the best feasible one, with constraints
         except ValueError:  # no COMPLETE trial is feasible
             best = None
+        else:  # of equal values the first, as the study's summary says
+            best = best_single([t for t in record.study.get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.values == best.values and feasible(t)],
+                record.spec.objectives[0].direction == "maximize")
     return StudyOutcome(name=record.spec.name, counts=counts, stopped=stopped,
                         interrupted=interrupted,
                         best_number=best.number if best else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 
@@ -9,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from hpo.summary import StudySummary, SummaryTracker, TrialCounts
+from hpo.summary import StudySummary, SummaryTracker, TrialCounts, best_single
 
 X = {"x": optuna.distributions.FloatDistribution(0, 1)}
 
@@ -94,6 +95,25 @@ def test_best_trial_and_pareto_front_equal_optunas_read_or_fed(directions, const
     for summary in (read, fed.summary()):
         assert [t.__dict__ for t in summary.best_trials()] == [_bare(t) for t in expected]
         assert summary.counts == TrialCounts(complete=58, pruned=11, failed=11)
+
+
+@pytest.mark.parametrize("direction", ["minimize", "maximize"])
+def test_of_equal_best_values_the_lowest_numbered_trial_is_best_whatever_the_order_told(
+        direction):
+    """Two trials that end on the same value (seen by the new-user walkthrough: the demo
+    said #1, Optuna's in-memory ``best_trial`` says #0): the first, however they ended."""
+    study = optuna.create_study(direction=direction)
+    good = 0.25 if direction == "minimize" else 0.75
+    for value in [0.5, good, 0.5, good, good]:
+        study.add_trial(optuna.trial.create_trial(value=value))
+    assert study.best_trial.number == 1
+    for order in itertools.permutations(range(5)):
+        tracker = SummaryTracker(study.directions, 1.0)
+        for number in order:
+            tracker.trial_changed(study.trials[number])
+        assert tracker.summary().best_numbers == [1], order
+    assert best_single(reversed(study.trials), direction == "maximize").number == 1
+    assert best_single([], True) is None
 
 
 def test_the_front_follows_new_trials():
