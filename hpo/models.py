@@ -64,6 +64,25 @@ def artifact_store(path: str | Path) -> FileSystemArtifactStore:
     return FileSystemArtifactStore(path)
 
 
+def study_dir_clash(results_dir: str | Path, name: str, artifact_dir: str | Path) -> str | None:
+    """Why study ``name`` cannot keep its result files in ``<results_dir>/<name>``: that
+    folder would be the model store ``artifact_dir``, hold it, or lie inside it (its default,
+    ``<results_dir>/artifacts``, is the folder of a study named ``artifacts``, and deleting
+    that study's result files would delete every study's kept models); None when clear.
+    The reason names no server path: it may be a REST answer.
+    """
+    study = (Path(results_dir) / name).resolve()
+    store = Path(artifact_dir).resolve()
+    same = study == store or (study.exists() and store.exists() and study.samefile(store))
+    if same or store.is_relative_to(study):
+        return f"{name!r} names the folder of the kept models (the artifact directory) " \
+               "among the results; choose another name"
+    if study.is_relative_to(store):
+        return "the artifact directory holds the results directory: a study's result " \
+               "files would lie among the kept models (set HPO_ARTIFACT_DIR apart)"
+    return None
+
+
 def rank(trials: Iterable[tuple[int, Sequence[float]]], directions: Sequence[str]) -> list[int]:
     """Trial numbers, best first (see the module doc for the order).
 

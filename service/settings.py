@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     def _heartbeats(self) -> Settings:
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_s:
             raise ValueError("HPO_HEARTBEAT_TIMEOUT_S must be more than twice HPO_HEARTBEAT_S")
+        results, store = Path(self.results_dir).resolve(), Path(self.artifacts_path).resolve()
+        if results.is_relative_to(store):  # every study's result files among the models
+            raise ValueError("HPO_ARTIFACT_DIR must not be HPO_RESULTS_DIR or hold it")
         return self
 
     @classmethod

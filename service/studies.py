@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial
 from sqlalchemy.orm import sessionmaker
 
 from hpo.errors import SpecError
+from hpo.models import study_dir_clash
 from hpo.spec import StudySpec, WarmStartStudy
 from hpo.storage import create_study_statement, insert_study
 from hpo.study import new_study_rows
@@ -108,13 +109,18 @@ class StudyService:
 
         Raises:
             hpo.errors.SpecError: the spec is invalid (each field named), over a
-                bound of :mod:`service.bounds` (a non-admin owner), or names a
-                warm-start study the owner may not read.
+                bound of :mod:`service.bounds` (a non-admin owner), names a
+                warm-start study the owner may not read, or its name is the model
+                store's folder among the results (:func:`hpo.models.study_dir_clash`).
             StudyConflict: a study of that name exists (here or in Optuna).
         """
         # the one parse: fields that name the training machines' files, and options over
         # the bounds on costly options (service.bounds), are for admins
         spec = bounds.parse_bounded(data, owner, self.settings)
+        clash = study_dir_clash(self.settings.results_dir, spec.name,
+                                self.settings.artifacts_path)
+        if clash is not None:
+            raise SpecError.at("name", clash)
         self._check_warm_start(spec, owner)
         change = auditor.change("study.create", spec.name) if auditor is not None else None
         optuna_id = self._insert_creating(spec, owner)

@@ -15,7 +15,7 @@ from optuna.artifacts import FileSystemArtifactStore
 from sqlalchemy.orm import sessionmaker
 
 from hpo import lease
-from hpo.models import ARTIFACTS_ATTR_PREFIX, remove_artifact_files
+from hpo.models import ARTIFACTS_ATTR_PREFIX, remove_artifact_files, study_dir_clash
 from hpo.storage import delete_study, delete_study_parts, system_attr_keys
 from service.settings import Settings
 from service.summaries import adds_usage, remove_deleting, remove_unused_deleting
@@ -37,8 +37,9 @@ def purge(settings: Settings, sessions: sessionmaker, storage: optuna.storages.B
     """
     study_id = _remove_artifact_files(settings, storage, name)
     results = (Path(settings.results_dir) / name).resolve()
-    if results.parent == Path(settings.results_dir).resolve() and results.is_dir():
-        shutil.rmtree(results, ignore_errors=True)
+    if results.parent == Path(settings.results_dir).resolve() and results.is_dir() and \
+            study_dir_clash(settings.results_dir, name, settings.artifacts_path) is None:
+        shutil.rmtree(results, ignore_errors=True)  # never the model store (made before)
     unused = seen is not None and not adds_usage(*seen)
     parts = delete_study_parts(storage) if unused and study_id is not None else None
     if parts is not None:

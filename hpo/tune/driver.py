@@ -22,7 +22,7 @@ from hpo.board import StudyBoard, note_failure
 from hpo.errors import SpecError, public_message
 from hpo.gate import GateKeeper, TrialGate, TrialResources
 from hpo.lease import DriverLease
-from hpo.models import ModelKeeper, artifact_store
+from hpo.models import ModelKeeper, artifact_store, study_dir_clash
 from hpo.notes import NoteEnd
 from hpo.record import Counts, Orphan, StudyRecord, TrialListener
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec
@@ -210,13 +210,19 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
 
     Raises:
         SpecError: the cluster cannot hold one trial, a warm-start source is
-            unusable, or a scheduler budget does not fit the trials.
+            unusable, a scheduler budget does not fit the trials, or the study's
+            result folder would be, hold or lie in the model store
+            (``hpo.models.study_dir_clash``; naming ``name``).
         StudyExistsError: a study of the same name exists with another spec.
         StudyBusyError: another live driver runs this study.
         StorageError, ClusterError: storage or cluster unreachable.
     """
-    storage = open_storage(storage_url)
     results_dir = Path(results_dir)
+    artifact_dir = artifact_dir or results_dir / "artifacts"
+    clash = study_dir_clash(results_dir, spec.name, artifact_dir)
+    if clash is not None:  # before anything is stored or started
+        raise SpecError.at("name", clash)
+    storage = open_storage(storage_url)
     cluster_checked = False
     runtime_env = task_code(spec.task).runtime_env()  # the task's code, unless built in
     try:  # needs the task's datasets: at every start, before anything is stored
@@ -230,7 +236,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         init_ray(ray_address, num_cpus, runtime_env)
         check_resources(spec)
         cluster_checked = True
-    models = ModelKeeper(spec, artifact_store(artifact_dir or results_dir / "artifacts"))
+    models = ModelKeeper(spec, artifact_store(artifact_dir))
     record = StudyRecord(spec, storage, listener=listener, compare_spec=compare_spec,
                          models=models)
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))

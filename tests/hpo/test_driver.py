@@ -286,3 +286,16 @@ def test_tunes_warning_of_the_trial_logs_it_does_not_write_is_dropped_and_no_oth
         logger.warning("something else")
     assert [r.getMessage().splitlines()[-1] for r in caplog.records] == [
         "- train_3: PermissionError('denied')", "something else"]
+
+
+def test_a_study_named_as_the_model_store_is_refused_before_anything_is_stored(sqlite_url,
+                                                                               tmp_path):
+    """``hpo run``: the default model store is ``<results_dir>/artifacts``, a study's result
+    folder ``<results_dir>/<name>`` (see tests/service/test_artifacts_name.py)."""
+    with pytest.raises(SpecError, match="^name: 'artifacts' names the folder of the kept"):
+        run_study(toy_spec("artifacts"), sqlite_url, results_dir=tmp_path / "runs")
+    with pytest.raises(SpecError, match="^name: 'kept' names"):
+        run_study(toy_spec("kept"), sqlite_url, results_dir=tmp_path / "runs",
+                  artifact_dir=tmp_path / "runs" / "kept")
+    assert optuna.get_all_study_names(sqlite_url) == []
+    assert not (tmp_path / "runs").exists()

@@ -49,6 +49,8 @@ def test_a_variable_set_empty_counts_as_unset():
     ({"HPO_PORT": "70000"}, "HPO_PORT"),
     ({"HPO_HEARTBEAT_S": "x"}, "HPO_HEARTBEAT_S"),
     ({"HPO_HEARTBEAT_S": "5", "HPO_HEARTBEAT_TIMEOUT_S": "6"}, "HPO_HEARTBEAT_TIMEOUT_S"),
+    ({"HPO_RESULTS_DIR": "/srv/runs", "HPO_ARTIFACT_DIR": "/srv/runs"}, "HPO_ARTIFACT_DIR"),
+    ({"HPO_RESULTS_DIR": "/srv/runs/a", "HPO_ARTIFACT_DIR": "/srv/runs/"}, "HPO_ARTIFACT_DIR"),
 ])
 def test_bad_values_name_the_variable(env, name):
     with pytest.raises(SettingsError, match=name):
