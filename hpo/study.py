@@ -8,6 +8,7 @@ axes and columns read ``val_accuracy``, not "Objective 0" (issue 16.1).
 
 from __future__ import annotations
 
+import datetime as dt
 import warnings
 
 import optuna
@@ -16,7 +17,12 @@ from optuna.study import StudyDirection
 from hpo.errors import StudyExistsError
 from hpo.space import build_sampler
 from hpo.spec import StudySpec, load_stored
-from hpo.storage import METRIC_NAMES_ATTR, create_study_with_attrs
+from hpo.storage import (
+    METRIC_NAMES_ATTR,
+    create_study_with_attrs,
+    set_trial_user_attrs,
+    trial_id_of,
+)
 
 SPEC_ATTR = "hpo_spec"
 
@@ -117,3 +123,29 @@ def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> StudySpec:
                                f"{', '.join(differ)} differ): give the new spec another "
                                f"name, or delete the stored study first")
     return spec
+
+
+def fail_running_trials(storage: optuna.storages.BaseStorage, name: str, reason: str,
+                        devices: float, now: dt.datetime | None = None) -> list[int]:
+    """End FAIL, with ``fail_reason``, every RUNNING trial of study ``name`` whose driver
+    died (``kill -9``, out of memory) while the study ends with it: nothing is left to
+    resume or end them. Each keeps ``wall_time_s`` and ``device_seconds`` from its start to
+    ``now`` (when its death was seen: an upper bound, as a quota counts a slot until it is
+    given back), ``devices`` per second held. The numbers of the trials ended; none for a
+    study that is not stored.
+    """
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return []
+    now = now or dt.datetime.now()
+    ended = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        wall = max(0.0, (now - trial.datetime_start).total_seconds()) \
+            if trial.datetime_start is not None else 0.0
+        set_trial_user_attrs(storage, trial_id_of(trial), {
+            "fail_reason": reason, "wall_time_s": round(wall, 3),
+            "device_seconds": round(wall * devices, 3)})
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        ended.append(trial.number)
+    return ended

@@ -47,12 +47,16 @@ from sqlalchemy.orm import sessionmaker
 
 from hpo.errors import StorageError
 from hpo.lease import holder_gone, take, while_held
+from hpo.spec import load_stored
+from hpo.study import fail_running_trials
+from hpo.summary import devices_held
 from service import quotas
 from service.db import Status, StudyRow, TrialSlotRow, utcnow
 from service.driver_process import CLAIMS, DriverPool, DriverProcess
 from service.process import describe_exit
 from service.settings import Settings
 from service.studies import StudyService
+from service.summaries import compute_summary, summary_writer
 
 log = logging.getLogger(__name__)
 
@@ -328,14 +332,29 @@ class Dispatcher:
             with self.sessions.begin() as session:
                 ended = while_held(session, CLAIMS, name, driver.claim,
                                    guards=[StudyRow.status == Status.RUNNING],
-                                   values={**values, StudyRow.updated_at: utcnow()})
+                                   values={**values, StudyRow.updated_at: utcnow()},
+                                   returning=[StudyRow.name, StudyRow.spec])
             if ended is not None and shutting_down:
                 log.warning("study %s: its driver was stopped at shutdown before it requeued "
                             "the study (%s): queued again", name,
                             describe_exit(driver.proc.returncode))
             elif ended is not None:  # the service's log keeps the whole tail
+                self._fail_orphaned_trials(ended, driver.claim, reason)
                 log.error("study %s: %s; last lines of %s:\n%s", name, reason, driver.log_path,
                           driver.log_tail())
+
+    def _fail_orphaned_trials(self, row, claim: str, reason: str) -> None:
+        """The trials a dead driver left RUNNING in its FAILED study end FAIL with ``reason``
+        (nothing would ever end them: found by the breaker, ``kill -9`` of a driver), and
+        the study's summary is computed again from Optuna, counting their device-seconds.
+        A failure here is logged; the dispatcher goes on."""
+        storage = self.studies.storage
+        try:
+            spec = load_stored(row.spec)
+            if fail_running_trials(storage, row.name, reason, devices_held(spec.resources)):
+                summary_writer(self.sessions, row.name, claim)(compute_summary(storage, row))
+        except Exception:  # noqa: BLE001 - a storage outage: the trials stay RUNNING
+            log.exception("study %s: cannot end the trials its driver left running", row.name)
 
     def recover_interrupted_writes(self) -> None:
         """Finish deletes and undo creates that a crash interrupted (rows DELETING/CREATING)."""

@@ -13,6 +13,7 @@ import time
 import optuna
 import pytest
 import sqlalchemy as sa
+from optuna.trial import TrialState
 
 from service.app import create_app
 from service.auth import create_token
@@ -21,7 +22,7 @@ from service.dispatcher import Dispatcher
 from service.driver_process import DriverProcess
 from service.process import child_env
 from service.settings import Settings
-from tests.service.conftest import REPO, TestClient, bearer, tiny_spec
+from tests.service.conftest import REPO, TestClient, bearer, record_summary, tiny_spec
 
 
 class RecordingDispatcher(Dispatcher):
@@ -177,6 +178,42 @@ def test_a_driver_that_dies_without_ending_its_study_fails_it_with_its_log(world
         "the study driver ended with signal SIGKILL without a result; its log ends with: "
         "RuntimeError: boom in <path>")
     assert "crash" not in d.drivers
+
+
+def test_the_trials_a_dead_driver_left_running_end_failed_with_its_reason_and_usage(world):
+    """Found by the breaker: after ``kill -9`` of a driver its study ended FAILED, but the
+    trial it ran stayed RUNNING for ever (its counts said running: 1 on a FAILED study)."""
+    app, submit, dispatcher = world
+    submit("orphaned")
+    d = dispatcher()
+    d.run_once()
+    c = app.state.components
+    study = optuna.load_study(study_name="orphaned", storage=c.studies.storage)
+    lr = {"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)}
+    done = study.ask(lr)
+    done.set_user_attr("device_seconds", 2.5)
+    study.tell(done, 0.5)
+    running = [study.ask(lr) for _ in range(2)]  # as the driver's two trials in flight
+    running[0].report(0.4, 1)
+    record_summary(app, "orphaned")  # the driver's last summary: 2 RUNNING
+    time.sleep(0.2)
+    d.drivers["orphaned"].proc.kill()
+    d.drivers["orphaned"].proc.wait()
+    d.reap()
+    row = _rows(app)["orphaned"]
+    assert row.status == "FAILED"
+    trials = optuna.load_study(study_name="orphaned", storage=c.studies.storage).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
+    for t in trials[1:]:
+        assert t.user_attrs["fail_reason"] == row.error  # one line, no path
+        assert t.user_attrs["device_seconds"] == t.user_attrs["wall_time_s"] >= 0.2
+    assert trials[1].intermediate_values == {1: 0.4}  # its curve kept
+    answer = TestClient(app).get("/v1/studies/orphaned", headers=bearer(
+        create_token(c.sessions, "reader", admin=True))).json()
+    assert answer["counts"] == {"complete": 1, "pruned": 0, "failed": 2, "running": 0,
+                                "waiting": 0, "requeued": 0}
+    assert answer["device_seconds"] == pytest.approx(
+        2.5 + sum(t.user_attrs["device_seconds"] for t in trials[1:]), abs=1e-6)
 
 
 def test_a_driver_that_raises_fails_its_study_with_one_line_without_traceback_or_path(
