@@ -132,7 +132,10 @@ class StudyRecord:
             self.study.enqueue_trial(dict(params))
         trial = self.study.ask(self.distributions)
         trial.set_user_attr("ray_trial_id", ray_trial_id)
-        self.trials[ray_trial_id] = TrialProgress(trial.number, trial_id_of(trial))
+        # its wall time counts from now, as its slot does (hpo.gate) and the study's summary
+        # while it runs (from datetime_start): its worker's start holds the device too
+        self.trials[ray_trial_id] = TrialProgress(trial.number, trial_id_of(trial),
+                                                  started=time.monotonic())
         self._changed(trial_id_of(trial))
         return dict(trial.params)
 
@@ -154,6 +157,7 @@ class StudyRecord:
     def adopt(self, ray_trial_id: str, orphan: Orphan) -> None:
         """Continue an orphan's Optuna trial with a new Ray trial (resumed from its checkpoint)."""
         self.trials[ray_trial_id] = TrialProgress(orphan.number, orphan.trial_id,
+                                                  started=time.monotonic(),
                                                   values=list(orphan.values),
                                                   checkpoint=orphan.checkpoint)
         self.storage.set_trial_user_attr(orphan.trial_id, "ray_trial_id", ray_trial_id)
@@ -235,7 +239,10 @@ class StudyRecord:
         return ray_trial_id in self.trials
 
     def started(self, ray_trial_id: str) -> None:
-        """A Ray trial (re)started running: wall time counts from now."""
+        """A Ray trial (re)started running: wall time counts from now, unless it counts
+        already (from its ``ask`` or ``adopt``: a trial stopped while its worker started,
+        before any result, held its device too; found by the new-user walkthrough, whose
+        stopped trial recorded 0.0 device-seconds)."""
         t = self.trials[ray_trial_id]
         if t.started is None:
             t.started = time.monotonic()
