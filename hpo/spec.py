@@ -321,6 +321,17 @@ def _msg(text: str) -> str:
     return text.removeprefix("Value error, ")
 
 
+def _kind(data: Any) -> str:
+    """What a JSON or YAML document holds, in its own terms (not Python's type names)."""
+    if data is None:
+        return "an empty document (null)"
+    for types, words in ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
+                         ((list, tuple), "a list")):
+        if isinstance(data, types):
+            return words
+    return "a value of another kind"
+
+
 def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
                allow_paths: bool = True,
                bound: Callable[[StudySpec], None] | None = None) -> StudySpec:
@@ -348,7 +359,7 @@ def parse_spec(data: Mapping[str, Any], *, check_task: bool = True,
         SpecError: every problem found, each with the dotted path of its field.
     """
     if not isinstance(data, Mapping):
-        raise SpecError.at("", f"a study spec must be a mapping, got {type(data).__name__}")
+        raise SpecError.at("", f"a study spec must be a mapping of fields, got {_kind(data)}")
     if errors := text_errors(data, ""):
         raise SpecError(errors[:MAX_ERRORS])
     space = data.get("search_space")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import yaml
@@ -24,7 +25,10 @@ def parse_text(text: str, *, json_only: bool = False) -> Any:
     except RecursionError:
         raise SpecError.at("", f"not valid {kind}: nested too deeply") from None
     except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError, integers over 4300 digits
-        raise SpecError.at("", f"not valid {kind}: {e}") from None
+        why = " ".join(str(e).split())  # one line: PyYAML's marks span several
+        if "integer string conversion" in why:  # Python's hint would name sys.set_int_max_...
+            why = f"a number has more than {sys.get_int_max_str_digits()} digits"
+        raise SpecError.at("", f"not valid {kind}: {why}") from None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -44,6 +44,8 @@ class Status(enum.StrEnum):
 
 
 VISIBLE = (Status.QUEUED, Status.RUNNING, Status.COMPLETED, Status.STOPPED, Status.FAILED)
+# the statuses people see and filter by (a list's ``?status=``): the internal ones are not
+VisibleStatus = enum.StrEnum("VisibleStatus", {s.name: s.value for s in VISIBLE})
 ENDED = (Status.COMPLETED, Status.STOPPED, Status.FAILED)
 
 

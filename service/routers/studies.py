@@ -11,7 +11,7 @@ from hpo.errors import SpecError
 from hpo.spec import NAME_PATTERN, parse_text
 from service.api_errors import documented as errors
 from service.auth import Principal
-from service.db import Status
+from service.db import Status, VisibleStatus
 from service.deps import ReadCall, WriteCall
 from service.errors import MalformedBody, StudyNotFound, UnsupportedMediaType
 from service.openapi import spec_body
@@ -96,11 +96,11 @@ async def create_study(request: Request, call: WriteCall, response: Response) ->
 
 
 @router.get("", response_model=Page[StudySummary], responses=errors(401, 422, 503))
-async def list_studies(call: ReadCall, status: Status | None = None, offset: Offset = 0,
+async def list_studies(call: ReadCall, status: VisibleStatus | None = None, offset: Offset = 0,
                        limit: Limit = 50) -> Page[StudySummary]:
     """The studies this token may see, newest first, optionally of one status."""
     def page(who: Principal) -> Page[StudySummary]:
-        views, total = call.studies.list(who, status, offset, limit)
+        views, total = call.studies.list(who, status and Status(status), offset, limit)
         return Page[StudySummary](items=[StudySummary.of(v) for v in views], total=total,
                                   offset=offset, limit=limit)
     return await call.run(page)

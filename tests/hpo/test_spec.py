@@ -331,6 +331,32 @@ def test_yaml_base_60_numbers_are_text_as_in_yaml_1_2():
     assert [e["loc"] for e in caught.value.errors] == ["budget.n_trials"]
 
 
+@pytest.mark.parametrize(("text", "json_only", "message"), [
+    ("a: {b: 1\nc: 2", False, "not valid YAML: while parsing a flow mapping in "),
+    ("{\n\"a\": [1,\n}", True, "not valid JSON: Expecting value: line 3 column 1"),
+    ("x: " + "9" * 5000, False, "not valid YAML: a number has more than 4300 digits"),
+    ('{"x": ' + "9" * 5000 + "}", True, "not valid JSON: a number has more than 4300 digits"),
+])
+def test_unreadable_text_is_said_in_one_line_without_pythons_hints(text, json_only, message):
+    """Found by the new-user walkthrough (PyYAML's multi-line marks came out as literal
+    ``\\n``) and the breaker (Python's hint to call ``sys.set_int_max_str_digits``)."""
+    from hpo.spec import parse_text
+
+    with pytest.raises(SpecError) as caught:
+        parse_text(text, json_only=json_only)
+    said = caught.value.errors[0]["msg"]
+    assert said.startswith(message) and "\n" not in said and "sys." not in said, said
+
+
+@pytest.mark.parametrize(("data", "kind"), [
+    (None, "an empty document (null)"), ([], "a list"), ("x", "a string"), (3, "a number"),
+    (True, "a boolean")])
+def test_a_spec_that_is_not_a_mapping_says_what_it_is_in_json_terms(data, kind):
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    assert caught.value.errors[0]["msg"] == f"a study spec must be a mapping of fields, got {kind}"
+
+
 # -- float steps and grids (issue 11, point 5) ---------------------------------------------
 
 @pytest.mark.parametrize(("low", "high", "step", "fits"), [

@@ -256,6 +256,17 @@ def test_list_filters_by_status_and_paginates_newest_first(client, tokens):
     assert bad.status_code == 422 and bad.json()["error"]["details"][0]["loc"] == "query.status"
 
 
+@pytest.mark.parametrize("internal", ["CREATING", "DELETING"])
+def test_list_refuses_the_internal_statuses_and_names_only_the_visible_ones(client, tokens,
+                                                                           internal):
+    """Found by the breaker: ``?status=DELETING`` was accepted and its 422 listed them."""
+    bad = client.get(f"/v1/studies?status={internal}", headers=bearer(tokens["alice"]))
+    problem = bad.json()["error"]["details"][0]
+    assert bad.status_code == 422 and problem["loc"] == "query.status"
+    assert "'QUEUED', 'RUNNING', 'COMPLETED', 'STOPPED' or 'FAILED'" in problem["msg"]
+    assert "CREATING" not in problem["msg"] and "DELETING" not in problem["msg"]
+
+
 def test_stop_of_a_queued_study_ends_it_stopped_and_of_an_ended_one_answers_409(client, tokens):
     h = bearer(tokens["alice"])
     client.post("/v1/studies", json=tiny_spec("q"), headers=h)
