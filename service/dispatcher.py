@@ -49,9 +49,9 @@ from hpo.errors import StorageError
 from hpo.lease import holder_gone, take, while_held
 from hpo.spec import load_stored
 from hpo.study import fail_running_trials
-from hpo.summary import devices_held
+from hpo.summary import StudySummary, devices_held
 from service import quotas
-from service.db import Status, StudyRow, TrialSlotRow, utcnow
+from service.db import Status, StudyRow, SummaryRow, TrialSlotRow, utcnow
 from service.driver_process import CLAIMS, DriverPool, DriverProcess
 from service.process import describe_exit
 from service.settings import Settings
@@ -364,6 +364,22 @@ class Dispatcher:
         for name in deleting:
             self.studies.purge(name)
         self.undo_stale_creates()
+        self._fail_trials_of_failed_studies()
+
+    def _fail_trials_of_failed_studies(self) -> None:
+        """FAILED studies whose summary still counts RUNNING trials (their driver died
+        under a version before :meth:`_fail_orphaned_trials`, or the storage was down at
+        the reap): those trials end FAIL now, with the study's error."""
+        with self.sessions() as session:
+            rows = session.execute(
+                sa.select(StudyRow.name, StudyRow.spec, StudyRow.claimed_by, StudyRow.error,
+                          SummaryRow.summary)
+                .join(SummaryRow, SummaryRow.study_id == StudyRow.id)
+                .where(StudyRow.status == Status.FAILED)).all()
+        for row in rows:
+            if StudySummary.from_json(row.summary).counts.running:
+                self._fail_orphaned_trials(row, row.claimed_by or "",
+                                           row.error or "the study ended FAILED")
 
     def undo_stale_creates(self) -> None:
         """Undo the creates left CREATING for over ``CREATING_GRACE_S`` (a crash interrupted

@@ -216,6 +216,32 @@ def test_the_trials_a_dead_driver_left_running_end_failed_with_its_reason_and_us
         2.5 + sum(t.user_attrs["device_seconds"] for t in trials[1:]), abs=1e-6)
 
 
+def test_start_up_ends_the_trials_left_running_in_studies_that_failed_before(world):
+    """A study that ended FAILED with RUNNING trials under an earlier version (the breaker's
+    ``k-a`` kept its trial RUNNING across restarts): the next start ends them FAIL."""
+    app, submit, dispatcher = world
+    submit("old-failure", "fine")
+    c = app.state.components
+    study = optuna.load_study(study_name="old-failure", storage=c.studies.storage)
+    study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
+    record_summary(app, "old-failure")  # running: 1
+    with c.sessions.begin() as session:
+        session.execute(sa.update(StudyRow).where(StudyRow.name == "old-failure").values(
+            status=Status.FAILED, claimed_by="gone:1:abc", error="the driver died"))
+        session.execute(sa.update(StudyRow).where(StudyRow.name == "fine").values(
+            claimed_by="gone:1:abc"))
+    fine = optuna.load_study(study_name="fine", storage=c.studies.storage)
+    fine.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
+    dispatcher().recover_interrupted_writes()
+    (trial,) = optuna.load_study(study_name="old-failure", storage=c.studies.storage).trials
+    assert trial.state == TrialState.FAIL and trial.user_attrs["fail_reason"] == \
+        "the driver died"
+    assert fine.trials[0].state == TrialState.RUNNING  # a QUEUED study's: left alone
+    answer = TestClient(app).get("/v1/studies/old-failure", headers=bearer(
+        create_token(c.sessions, "reader", admin=True))).json()
+    assert answer["counts"]["running"] == 0 and answer["counts"]["failed"] == 1
+
+
 def test_a_driver_that_raises_fails_its_study_with_one_line_without_traceback_or_path(
         world, monkeypatch, caplog):
     """The study's ``error`` is part of API answers: the exception's line, paths masked;
