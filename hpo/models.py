@@ -69,12 +69,13 @@ def study_dir_clash(results_dir: str | Path, name: str, artifact_dir: str | Path
     folder would be the model store ``artifact_dir``, hold it, or lie inside it (its default,
     ``<results_dir>/artifacts``, is the folder of a study named ``artifacts``, and deleting
     that study's result files would delete every study's kept models); None when clear.
-    The reason names no server path: it may be a REST answer.
+    Paths compare without case (``Artifacts`` is the store on a case-insensitive file
+    system, and the study's folder does not exist yet to ask the file system). The reason
+    names no server path: it may be a REST answer.
     """
-    study = (Path(results_dir) / name).resolve()
-    store = Path(artifact_dir).resolve()
-    same = study == store or (study.exists() and store.exists() and study.samefile(store))
-    if same or store.is_relative_to(study):
+    study = Path(str((Path(results_dir) / name).resolve()).casefold())
+    store = Path(str(Path(artifact_dir).resolve()).casefold())
+    if study == store or store.is_relative_to(study):
         return f"{name!r} names the folder of the kept models (the artifact directory) " \
                "among the results; choose another name"
     if study.is_relative_to(store):

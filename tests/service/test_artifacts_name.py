@@ -43,6 +43,7 @@ def test_the_clash_rule_sees_through_path_forms(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (results / "link").symlink_to(results / "store")
     assert study_dir_clash(results, "artifacts", results / "artifacts") is not None
+    assert study_dir_clash(results, "ARTIFACTS", results / "artifacts") is not None  # macOS
     assert study_dir_clash(results, "store", tmp_path / "runs" / ".." / "runs" / "store")
     assert study_dir_clash(results, "link", results / "store") is not None  # same folder
     assert study_dir_clash(results, "store", results / "store" / "deep") is not None
