@@ -42,7 +42,7 @@ from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.pareto import nondomination_ranks
-from hpo.spec import StudySpec
+from hpo.spec import FSDP_SCRATCH_DIR, StudySpec
 from hpo.storage import delete_trial_system_attrs, system_attr_keys, trial_id_of
 
 log = logging.getLogger(__name__)
@@ -66,19 +66,25 @@ def artifact_store(path: str | Path) -> FileSystemArtifactStore:
 
 def study_dir_clash(results_dir: str | Path, name: str, artifact_dir: str | Path) -> str | None:
     """Why study ``name`` cannot keep its result files in ``<results_dir>/<name>``: that
-    folder would be the model store ``artifact_dir``, hold it, or lie inside it (its default,
-    ``<results_dir>/artifacts``, is the folder of a study named ``artifacts``, and deleting
-    that study's result files would delete every study's kept models); None when clear.
-    Paths compare without case (``Artifacts`` is the store on a case-insensitive file
+    folder would be one every study shares, hold it, or lie inside it: the model store
+    ``artifact_dir`` (its default, ``<results_dir>/artifacts``, is the folder of a study
+    named ``artifacts``, and deleting that study's result files would delete every study's
+    kept models) or the FSDP trials' scratch (:data:`hpo.spec.FSDP_SCRATCH_DIR`); None when
+    clear. Paths compare without case (``Artifacts`` is the store on a case-insensitive file
     system, and the study's folder does not exist yet to ask the file system). The reason
     names no server path: it may be a REST answer.
     """
-    study = Path(str((Path(results_dir) / name).resolve()).casefold())
-    store = Path(str(Path(artifact_dir).resolve()).casefold())
-    if study == store or store.is_relative_to(study):
-        return f"{name!r} names the folder of the kept models (the artifact directory) " \
-               "among the results; choose another name"
-    if study.is_relative_to(store):
+    def folded(path: str | Path) -> Path:
+        return Path(str(Path(path).resolve()).casefold())
+
+    study = folded(Path(results_dir) / name)
+    for shared, what in ((artifact_dir, "the folder of the kept models (the artifact "
+                                        "directory)"),
+                         (Path(results_dir) / FSDP_SCRATCH_DIR, "the FSDP trials' shared "
+                                                                "scratch folder")):
+        if study == folded(shared) or folded(shared).is_relative_to(study):
+            return f"{name!r} names {what} among the results; choose another name"
+    if study.is_relative_to(folded(artifact_dir)):
         return "the artifact directory holds the results directory: a study's result " \
                "files would lie among the kept models (set HPO_ARTIFACT_DIR apart)"
     return None

@@ -58,10 +58,14 @@ from hpo.specpaths import field_path, walk
 from hpo.spectext import parse_text
 from hpo.suggest import did_you_mean
 
-__all__ = ["NAME_PATTERN", "POPULATION_SCHEDULERS", "CategoricalParam", "FloatParam",
-           "IntParam", "StudySpec", "load_spec", "load_stored", "parse_spec", "parse_text"]
+__all__ = ["FSDP_SCRATCH_DIR", "NAME_PATTERN", "POPULATION_SCHEDULERS", "CategoricalParam",
+           "FloatParam", "IntParam", "StudySpec", "load_spec", "load_stored", "parse_spec",
+           "parse_text"]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# under the results directory, shared by every study's FSDP trials: no study takes the name
+# (hpo.models.study_dir_clash)
+FSDP_SCRATCH_DIR = "fsdp-checkpoints"
 NAME_RULE = ("must be 1 to 64 characters: letters, digits, '_', '.' and '-', starting with "
              "a letter or a digit")
 """Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""

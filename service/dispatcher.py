@@ -56,7 +56,7 @@ from service.driver_process import CLAIMS, DriverPool, DriverProcess
 from service.process import describe_exit
 from service.settings import Settings
 from service.studies import StudyService
-from service.summaries import compute_summary, summary_writer
+from service.summaries import compute_summary, replace_failed_summary
 
 log = logging.getLogger(__name__)
 
@@ -333,26 +333,30 @@ class Dispatcher:
                 ended = while_held(session, CLAIMS, name, driver.claim,
                                    guards=[StudyRow.status == Status.RUNNING],
                                    values={**values, StudyRow.updated_at: utcnow()},
-                                   returning=[StudyRow.name, StudyRow.spec])
+                                   returning=[StudyRow.name, StudyRow.spec,
+                                              StudyRow.ended_at])
             if ended is not None and shutting_down:
                 log.warning("study %s: its driver was stopped at shutdown before it requeued "
                             "the study (%s): queued again", name,
                             describe_exit(driver.proc.returncode))
             elif ended is not None:  # the service's log keeps the whole tail
-                self._fail_orphaned_trials(ended, driver.claim, reason)
+                self._fail_orphaned_trials(ended, reason)
                 log.error("study %s: %s; last lines of %s:\n%s", name, reason, driver.log_path,
                           driver.log_tail())
 
-    def _fail_orphaned_trials(self, row, claim: str, reason: str) -> None:
-        """The trials a dead driver left RUNNING in its FAILED study end FAIL with ``reason``
-        (nothing would ever end them: found by the breaker, ``kill -9`` of a driver), and
-        the study's summary is computed again from Optuna, counting their device-seconds.
-        A failure here is logged; the dispatcher goes on."""
+    def _fail_orphaned_trials(self, row, reason: str) -> None:
+        """The trials a dead driver left RUNNING in its FAILED study ``row`` end FAIL with
+        ``reason`` (nothing would ever end them: found by the breaker, ``kill -9`` of a
+        driver), their device-seconds counted to the study's end (``row.ended_at``), and the
+        study's summary is computed again from Optuna. A failure here is logged; the
+        dispatcher goes on."""
         storage = self.studies.storage
+        ended_at = row.ended_at if row.ended_at.tzinfo else row.ended_at.replace(tzinfo=dt.UTC)
         try:
             spec = load_stored(row.spec)
-            if fail_running_trials(storage, row.name, reason, devices_held(spec.resources)):
-                summary_writer(self.sessions, row.name, claim)(compute_summary(storage, row))
+            fail_running_trials(storage, row.name, reason, devices_held(spec.resources),
+                                now=ended_at.astimezone().replace(tzinfo=None))  # as Optuna's
+            replace_failed_summary(self.sessions, row.name, compute_summary(storage, row))
         except Exception:  # noqa: BLE001 - a storage outage: the trials stay RUNNING
             log.exception("study %s: cannot end the trials its driver left running", row.name)
 
@@ -372,14 +376,14 @@ class Dispatcher:
         the reap): those trials end FAIL now, with the study's error."""
         with self.sessions() as session:
             rows = session.execute(
-                sa.select(StudyRow.name, StudyRow.spec, StudyRow.claimed_by, StudyRow.error,
-                          SummaryRow.summary)
+                sa.select(StudyRow.name, StudyRow.spec, StudyRow.error, SummaryRow.summary,
+                          sa.func.coalesce(StudyRow.ended_at, StudyRow.updated_at)
+                          .label("ended_at"))
                 .join(SummaryRow, SummaryRow.study_id == StudyRow.id)
                 .where(StudyRow.status == Status.FAILED)).all()
         for row in rows:
             if StudySummary.from_json(row.summary).counts.running:
-                self._fail_orphaned_trials(row, row.claimed_by or "",
-                                           row.error or "the study ended FAILED")
+                self._fail_orphaned_trials(row, row.error or "the study ended FAILED")
 
     def undo_stale_creates(self) -> None:
         """Undo the creates left CREATING for over ``CREATING_GRACE_S`` (a crash interrupted

@@ -86,7 +86,8 @@ class Settings(BaseSettings):
     def _heartbeats(self) -> Settings:
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_s:
             raise ValueError("HPO_HEARTBEAT_TIMEOUT_S must be more than twice HPO_HEARTBEAT_S")
-        results, store = Path(self.results_dir).resolve(), Path(self.artifacts_path).resolve()
+        results, store = (Path(str(Path(p).resolve()).casefold())  # as study_dir_clash
+                          for p in (self.results_dir, self.artifacts_path))
         if results.is_relative_to(store):  # every study's result files among the models
             raise ValueError("HPO_ARTIFACT_DIR must not be HPO_RESULTS_DIR or hold it")
         return self

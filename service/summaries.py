@@ -36,18 +36,28 @@ def summary_writer(sessions: sessionmaker, name: str,
     its claim writes nothing)."""
 
     def write(summary: StudySummary) -> None:
-        claimed = (sa.select(StudyRow.id, sa.literal(summary.to_json(), sa.Text),
-                             sa.literal(utcnow(), SummaryRow.updated_at.type))
-                   .where(StudyRow.name == name, StudyRow.claimed_by == claim))
-        with sessions.begin() as session:
-            statement = _insert(session)(SummaryRow).from_select(
-                [SummaryRow.study_id, SummaryRow.summary, SummaryRow.updated_at], claimed)
-            session.execute(statement.on_conflict_do_update(
-                index_elements=[SummaryRow.study_id],
-                set_={"summary": statement.excluded.summary,
-                      "updated_at": statement.excluded.updated_at}))
+        _upsert(sessions, summary, StudyRow.name == name, StudyRow.claimed_by == claim)
 
     return write
+
+
+def replace_failed_summary(sessions: sessionmaker, name: str, summary: StudySummary) -> None:
+    """Write ``summary`` as the FAILED study ``name``'s, whatever it had (its driver is gone);
+    nothing once the study is no longer FAILED (a delete marked it DELETING meanwhile)."""
+    _upsert(sessions, summary, StudyRow.name == name, StudyRow.status == Status.FAILED)
+
+
+def _upsert(sessions: sessionmaker, summary: StudySummary, *where) -> None:
+    """Insert or update the summary of the study row matching ``where``, in one statement."""
+    matched = (sa.select(StudyRow.id, sa.literal(summary.to_json(), sa.Text),
+                         sa.literal(utcnow(), SummaryRow.updated_at.type)).where(*where))
+    with sessions.begin() as session:
+        statement = _insert(session)(SummaryRow).from_select(
+            [SummaryRow.study_id, SummaryRow.summary, SummaryRow.updated_at], matched)
+        session.execute(statement.on_conflict_do_update(
+            index_elements=[SummaryRow.study_id],
+            set_={"summary": statement.excluded.summary,
+                  "updated_at": statement.excluded.updated_at}))
 
 
 def summary_tracker(storage_url: str, sessions: sessionmaker, spec: StudySpec,

@@ -44,7 +44,7 @@ import torch
 from ray import tune
 
 import trainers
-from hpo.spec import POPULATION_SCHEDULERS, StudySpec
+from hpo.spec import FSDP_SCRATCH_DIR, POPULATION_SCHEDULERS, StudySpec
 
 # In a trial's config: the checkpoint an adopted trial resumes from (``hpo.tune.searcher``).
 # Defined here, not in hpo.record: a trial's new worker process imports this module, and
@@ -294,7 +294,7 @@ def train_trial_distributed(params: dict[str, Any], setup: TrialSetup) -> None:
 
 def fsdp_scratch(results_dir: Path) -> Path:
     """Where FSDP trials' ranks write their sharded checkpoints, one directory per trial."""
-    return results_dir / "fsdp-checkpoints"
+    return results_dir / FSDP_SCRATCH_DIR
 
 
 class ScratchCleanup(tune.Callback):

@@ -51,11 +51,12 @@ def test_results_become_intermediate_values_and_complete_takes_the_last(db_url,
     assert t.datetime_complete >= t.datetime_start
 
 
-def test_wall_time_counts_from_the_ask_and_stops_while_paused(sqlite_url, monkeypatch):
+def test_wall_time_counts_from_the_ask_and_not_between_a_failure_and_its_restart(
+        sqlite_url, monkeypatch):
     """A trial stopped while its worker started (before Tune's ``on_trial_start`` and any
     result) held its device from its ask, as its gate slot and the study's running
-    device-seconds count it: the new-user walkthrough saw 0.0 recorded. A pause (Hyperband,
-    PBT) banks the time; a restore counts again from then."""
+    device-seconds count it: the new-user walkthrough saw 0.0 recorded. A restart after a
+    failure (Tune's ``on_trial_recover``) banks the time; its new start counts again."""
     clock = iter([100.0, 103.5, 110.0, 112.25, 200.0, 201.0])
     monkeypatch.setattr("hpo.record.time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     record = StudyRecord(_spec("walls", resources={"cpus": 2}), open_storage(sqlite_url))
@@ -64,13 +65,14 @@ def test_wall_time_counts_from_the_ask_and_stops_while_paused(sqlite_url, monkey
     assert record.complete_or_prune("starting", "user", stopped=True) == TrialState.PRUNED
     attrs = _trial(record, "starting").user_attrs  # ended at 103.5
     assert (attrs["wall_time_s"], attrs["device_seconds"]) == (3.5, 7.0)
-    record.ask("paused")  # 110.0
-    record.started("paused")  # on_trial_start: counts already, no new start
-    record.stopped_running("paused")  # 112.25: paused
-    record.started("paused")  # 200.0: restored
-    record.result("paused", _result(40, 0.5))
-    assert record.complete_or_prune("paused", "scheduler") == TrialState.COMPLETE  # 201.0
-    attrs = _trial(record, "paused").user_attrs
+    record.ask("restarted")  # 110.0
+    record.started("restarted")  # on_trial_start: counts already, no new start
+    record.restarted("restarted")  # 112.25: failed, to be restarted
+    record.started("restarted")  # 200.0: started again
+    record.result("restarted", _result(40, 0.5))
+    assert record.complete_or_prune("restarted", "scheduler") == TrialState.COMPLETE  # 201
+    attrs = _trial(record, "restarted").user_attrs
+    assert attrs["restarts"] == 1
     assert (attrs["wall_time_s"], attrs["device_seconds"]) == (3.25, 6.5)
 
 

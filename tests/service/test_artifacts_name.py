@@ -49,6 +49,9 @@ def test_the_clash_rule_sees_through_path_forms(tmp_path):
     assert study_dir_clash(results, "store", results / "store" / "deep") is not None
     assert study_dir_clash(results, "x", results) is not None  # store holds every study
     assert study_dir_clash(results, "store", tmp_path / "elsewhere") is None
+    # the FSDP trials' shared scratch, whatever the store (found by the review)
+    assert "FSDP" in study_dir_clash(results, "fsdp-checkpoints", tmp_path / "elsewhere")
+    assert "FSDP" in study_dir_clash(results, "FSDP-Checkpoints", tmp_path / "elsewhere")
     assert study_dir_clash(results, "artifacts2", results / "artifacts") is None
 
 

@@ -225,9 +225,11 @@ def test_start_up_ends_the_trials_left_running_in_studies_that_failed_before(wor
     study = optuna.load_study(study_name="old-failure", storage=c.studies.storage)
     study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
     record_summary(app, "old-failure")  # running: 1
-    with c.sessions.begin() as session:
+    failed_at = utcnow() + dt.timedelta(seconds=5)  # 5 s after the trial's start
+    with c.sessions.begin() as session:  # no claim: the summary is written all the same
         session.execute(sa.update(StudyRow).where(StudyRow.name == "old-failure").values(
-            status=Status.FAILED, claimed_by="gone:1:abc", error="the driver died"))
+            status=Status.FAILED, claimed_by=None, error="the driver died",
+            ended_at=failed_at))
         session.execute(sa.update(StudyRow).where(StudyRow.name == "fine").values(
             claimed_by="gone:1:abc"))
     fine = optuna.load_study(study_name="fine", storage=c.studies.storage)
@@ -236,10 +238,13 @@ def test_start_up_ends_the_trials_left_running_in_studies_that_failed_before(wor
     (trial,) = optuna.load_study(study_name="old-failure", storage=c.studies.storage).trials
     assert trial.state == TrialState.FAIL and trial.user_attrs["fail_reason"] == \
         "the driver died"
+    # counted to the study's end, not to this start (days later, found by the review)
+    assert 5.0 <= trial.user_attrs["device_seconds"] <= 5.5
     assert fine.trials[0].state == TrialState.RUNNING  # a QUEUED study's: left alone
     answer = TestClient(app).get("/v1/studies/old-failure", headers=bearer(
         create_token(c.sessions, "reader", admin=True))).json()
     assert answer["counts"]["running"] == 0 and answer["counts"]["failed"] == 1
+    assert answer["device_seconds"] == trial.user_attrs["device_seconds"]
 
 
 def test_a_driver_that_raises_fails_its_study_with_one_line_without_traceback_or_path(

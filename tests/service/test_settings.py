@@ -51,6 +51,7 @@ def test_a_variable_set_empty_counts_as_unset():
     ({"HPO_HEARTBEAT_S": "5", "HPO_HEARTBEAT_TIMEOUT_S": "6"}, "HPO_HEARTBEAT_TIMEOUT_S"),
     ({"HPO_RESULTS_DIR": "/srv/runs", "HPO_ARTIFACT_DIR": "/srv/runs"}, "HPO_ARTIFACT_DIR"),
     ({"HPO_RESULTS_DIR": "/srv/runs/a", "HPO_ARTIFACT_DIR": "/srv/runs/"}, "HPO_ARTIFACT_DIR"),
+    ({"HPO_RESULTS_DIR": "/srv/Runs", "HPO_ARTIFACT_DIR": "/srv/runs"}, "HPO_ARTIFACT_DIR"),
 ])
 def test_bad_values_name_the_variable(env, name):
     with pytest.raises(SettingsError, match=name):
