@@ -77,14 +77,13 @@ def study_dir_clash(results_dir: str | Path, name: str, artifact_dir: str | Path
     def folded(path: str | Path) -> Path:
         return Path(str(Path(path).resolve()).casefold())
 
-    study = folded(Path(results_dir) / name)
-    for shared, what in ((artifact_dir, "the folder of the kept models (the artifact "
-                                        "directory)"),
-                         (Path(results_dir) / FSDP_SCRATCH_DIR, "the FSDP trials' shared "
-                                                                "scratch folder")):
-        if study == folded(shared) or folded(shared).is_relative_to(study):
+    study, store = folded(Path(results_dir) / name), folded(artifact_dir)
+    for shared, what in ((store, "the folder of the kept models (the artifact directory)"),
+                         (folded(Path(results_dir) / FSDP_SCRATCH_DIR),
+                          "the FSDP trials' shared scratch folder")):
+        if shared.is_relative_to(study):  # the folder itself, or one inside it
             return f"{name!r} names {what} among the results; choose another name"
-    if study.is_relative_to(folded(artifact_dir)):
+    if study.is_relative_to(store):
         return "the artifact directory holds the results directory: a study's result " \
                "files would lie among the kept models (set HPO_ARTIFACT_DIR apart)"
     return None

@@ -399,10 +399,11 @@ class StudyRecord:
         if state == TrialState.COMPLETE and not self.spec.is_multi_objective and \
                 feasible is not False:
             value = values[0]
-            maximize = self.spec.objectives[0].direction == "maximize"
-            if self.best is None or (value > self.best[1] if maximize else value < self.best[1]
-                                     ) or (value == self.best[1] and t.number < self.best[0]):
-                self.best = (t.number, value)  # of equal values the first (hpo.summary.best_single)
+            sign = -1.0 if self.spec.objectives[0].direction == "maximize" else 1.0
+            # hpo.summary.best_single's order: the better value, of equal values the first
+            if self.best is None or (sign * value, t.number) < (sign * self.best[1],
+                                                                self.best[0]):
+                self.best = (t.number, value)
 
     # -- the study as a whole ----------------------------------------------------------
 

@@ -126,19 +126,17 @@ def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> StudySpec:
 
 
 def fail_running_trials(storage: optuna.storages.BaseStorage, name: str, reason: str,
-                        devices: float, now: dt.datetime | None = None) -> list[int]:
+                        devices: float, now: dt.datetime) -> list[int]:
     """End FAIL, with ``fail_reason``, every RUNNING trial of study ``name`` whose driver
     died (``kill -9``, out of memory) while the study ends with it: nothing is left to
     resume or end them. Each keeps ``wall_time_s`` and ``device_seconds`` from its start to
-    ``now`` (when its death was seen: an upper bound, as a quota counts a slot until it is
-    given back), ``devices`` per second held. The numbers of the trials ended; none for a
-    study that is not stored.
+    ``now`` (the study's end; naive local time, as Optuna's ``datetime_start``), ``devices``
+    per second held. The numbers of the trials ended; none for a study that is not stored.
     """
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return []
-    now = now or dt.datetime.now()
     ended = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         wall = max(0.0, (now - trial.datetime_start).total_seconds()) \

@@ -351,11 +351,10 @@ class Dispatcher:
         study's summary is computed again from Optuna. A failure here is logged; the
         dispatcher goes on."""
         storage = self.studies.storage
-        ended_at = row.ended_at if row.ended_at.tzinfo else row.ended_at.replace(tzinfo=dt.UTC)
         try:
             spec = load_stored(row.spec)
             fail_running_trials(storage, row.name, reason, devices_held(spec.resources),
-                                now=ended_at.astimezone().replace(tzinfo=None))  # as Optuna's
+                                row.ended_at.astimezone().replace(tzinfo=None))  # as Optuna's
             replace_failed_summary(self.sessions, row.name, compute_summary(storage, row))
         except Exception:  # noqa: BLE001 - a storage outage: the trials stay RUNNING
             log.exception("study %s: cannot end the trials its driver left running", row.name)

@@ -380,15 +380,11 @@ def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = Fals
     if counts.complete and record.spec.is_multi_objective:  # Optuna's front: feasible only
         front = [(t.number, list(t.values), dict(t.params)) for t in record.study.best_trials]
     elif counts.complete:
-        try:
-            best = record.study.best_trial  # the best feasible one, with constraints
-        except ValueError:  # no COMPLETE trial is feasible
-            best = None
-        else:  # of equal values the first, as the study's summary says
-            best = best_single([t for t in record.study.get_trials(
-                deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.values == best.values and feasible(t)],
-                record.spec.objectives[0].direction == "maximize")
+        # Study.best_trial's pick (feasible only, with constraints), of equal values the
+        # first, as the study's summary says; None when no COMPLETE trial is feasible
+        best = best_single([t for t in record.study.get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if feasible(t)],
+            record.spec.objectives[0].direction == "maximize")
     return StudyOutcome(name=record.spec.name, counts=counts, stopped=stopped,
                         interrupted=interrupted,
                         best_number=best.number if best else None,
