@@ -7,9 +7,13 @@ identity, so the loop has no DDP branches.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
+import sys
 from collections.abc import Mapping
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -85,6 +89,28 @@ def close_distributed() -> None:
     if _MADE is not None and dist.is_initialized() and dist.group.WORLD is _MADE:
         dist.destroy_process_group()
     _MADE = None
+
+
+def exit_rank(status: int) -> NoReturn:
+    """End this process with ``status``; a rank of a launch (``WORLD_SIZE`` > 1, as
+    ``torchrun`` sets) ends without the interpreter's finalization.
+
+    After ``destroy_process_group`` PyTorch's native threads (gloo's, the autograd
+    engine's) can still hold Python objects; when one lets go of its object while the
+    interpreter finalizes, its bid for the GIL ends the thread by force and the process
+    aborts (SIGABRT, "terminate called without an active exception") after its work was
+    done and saved, so ``torchrun`` reports the run failed (pytorch/pytorch#117762 and
+    #190489, open; seen in about one CI run in ten, for DDP and for FSDP ranks). Such a
+    rank flushes its output and logs and leaves with ``os._exit``; a single process exits
+    as usual (``SystemExit``).
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        raise SystemExit(status)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
+            stream.flush()
+    os._exit(status)
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo) -> nn.Module:

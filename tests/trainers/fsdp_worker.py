@@ -20,6 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 import trainers.fsdp
 from tests.trainers.toy_tasks import RegressionOptions, RegressionTask
 from trainers import ListReporter, TrainConfig, fit
+from trainers.distributed import exit_rank
 from trainers.tasks.charlm import CharLMOptions, CharLMTask
 
 CONFIG = dict(grad_accum_steps=2, max_epochs=3, lr=0.05, eval_interval=2, seed=11,
@@ -105,10 +106,4 @@ if __name__ == "__main__":
     results = {"main": main, "kill": kill}[sys.argv[1]](target)
     torch.save(results, target / f"rank{dist.get_rank()}.pt")
     dist.destroy_process_group()
-    # Leave without the interpreter's finalization: there gloo's C++ worker threads can
-    # still be joinable when their destructors run, and a rank then aborts with SIGABRT
-    # ("terminate called without an active exception") after its results were saved
-    # (seen once in 10+ CI runs; pytorch/pytorch#179291 describes the finalization race).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_rank(0)  # as python -m trainers ends a rank: without the finalization's SIGABRT

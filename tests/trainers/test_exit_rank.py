@@ -1,0 +1,61 @@
+"""How a process ends (``trainers.distributed.exit_rank``): a rank of a launch leaves without
+the interpreter's finalization, where PyTorch's native threads can abort it after its work
+is done (pytorch/pytorch#117762); a single process exits as usual."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Output left in the buffers (a pipe is block-buffered), a log record, and an atexit
+# handler that stands for the finalization: it runs for a single process only.
+PROBE = """
+import atexit, logging, sys
+from trainers.distributed import exit_rank
+logging.basicConfig(filename=sys.argv[1], level=logging.INFO)
+atexit.register(lambda: print("finalized", flush=True))
+print("done", end="")
+sys.stderr.write("warned")
+logging.getLogger("probe").info("logged")
+exit_rank(int(sys.argv[2]))
+"""
+
+
+def _env(world_size: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    if world_size is not None:
+        env["WORLD_SIZE"] = world_size
+    return env
+
+
+@pytest.mark.parametrize(("world_size", "finalized"), [("2", False), ("1", True), (None, True)])
+@pytest.mark.parametrize("status", [0, 1, 3])
+def test_a_rank_leaves_without_finalization_and_keeps_its_output(tmp_path, world_size,
+                                                                 finalized, status):
+    log = tmp_path / "run.log"
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(log), str(status)], cwd=REPO,
+                          env=_env(world_size), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == status
+    assert proc.stdout == "done" + ("finalized\n" if finalized else "")
+    assert proc.stderr == "warned"
+    assert log.read_text() == "INFO:probe:logged\n"
+
+
+@pytest.mark.parametrize(("args", "status", "says"), [
+    (["--help"], 0, "usage: trainers"),
+    (["digits", "--lr", "fast"], 2, "--lr: invalid float value"),
+    (["no-such-task"], 2, "no-such-task"),
+])
+def test_the_cli_of_a_rank_keeps_its_exit_status_and_message(args, status, says):
+    """argparse ends by SystemExit (help, a bad flag) before any process group exists; the
+    rank's status and message are those of a single process."""
+    proc = subprocess.run([sys.executable, "-m", "trainers", *args], cwd=REPO,
+                          env=_env("2"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status
+    assert says in proc.stdout + proc.stderr
