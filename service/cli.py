@@ -28,7 +28,27 @@ from rich.table import Table
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
-UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", help="the service's address")]
+
+
+def _service_url(value: str) -> str:
+    """``--url`` / ``HPO_URL``: an http(s) address with a host (``localhost:8000`` would be
+    read as scheme ``localhost`` and fail later as "unreachable")."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as e:
+        raise typer.BadParameter(f"{value!r} is not an address ({e}); e.g. "
+                                 "http://127.0.0.1:8000 (--url or HPO_URL)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise typer.BadParameter(f"{value!r} is not an http:// or https:// address with a "
+                                 "host; e.g. http://127.0.0.1:8000 (--url or HPO_URL)")
+    return value
+
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", callback=_service_url,
+                                     help="the service's address")]
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar="HPO_TOKEN", show_default=False,
                                               help="API token (hpo token create)")]
 OffsetOpt = Annotated[int, typer.Option(min=0, help="items to skip")]

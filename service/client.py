@@ -32,6 +32,16 @@ class ApiError(Exception):
         self.details = details or []
 
 
+def _refused(error: BaseException) -> bool:
+    """Whether a connect error was a refused connection (a service not listening yet)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class Client:
     """Calls the service at ``url`` with ``token`` (``None``: no Authorization header).
 
@@ -40,7 +50,8 @@ class Client:
         token: a token from ``hpo token create``.
         timeout_s: per request, in seconds (> 0).
         start_wait_s: how long a refused connection is tried again, in seconds (>= 0):
-            a service that is starting (``hpo serve`` starts Ray first) is waited for.
+            a service that is starting (``hpo serve`` starts Ray first) is waited for;
+            a host that does not resolve or cannot be routed to fails at once.
             A refused connection never carried the request, so a retried POST is sent once.
         on_wait: called once with a message when the client starts waiting.
     """
@@ -65,6 +76,9 @@ class Client:
                 response = self.http.request(method, path, **kwargs)
                 break
             except httpx.ConnectError as e:
+                if not _refused(e):  # no such host, no route: waiting will not help
+                    raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}"
+                                   " (set --url or HPO_URL)") from None
                 if time.monotonic() >= deadline:
                     raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}"
                                    f" (waited {self.start_wait_s:.0f} s; is `hpo serve` "

@@ -101,6 +101,34 @@ def test_a_client_gives_up_after_its_wait_naming_the_url_option():
     assert "set --url or HPO_URL" in str(caught.value)
 
 
+def test_a_host_that_does_not_resolve_fails_at_once_without_waiting():
+    said: list[str] = []
+    client = Client("http://no-such-host.invalid:8000", start_wait_s=60, on_wait=said.append)
+    with pytest.raises(ApiError) as caught:
+        client.study("s")
+    assert caught.value.code == "unreachable" and "set --url or HPO_URL" in str(caught.value)
+    assert said == []  # a refused connection waits for a starting service; this did not
+
+
+@pytest.mark.parametrize("url", ["localhost:8000", "127.0.0.1:8000", "ftp://127.0.0.1:8000",
+                                 "http://", "http://127.0.0.1:port", "//127.0.0.1:8000"])
+@pytest.mark.parametrize("by_env", [False, True])
+def test_a_url_that_is_no_http_address_is_refused_naming_the_option(url, by_env, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hpo.cli import app
+
+    monkeypatch.delenv("HPO_URL", raising=False)
+    monkeypatch.setenv("COLUMNS", "400")  # rich's box: the message on one line
+    if by_env:
+        monkeypatch.setenv("HPO_URL", url)
+    argv = ["status", "s"] + ([] if by_env else ["--url", url])
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "Invalid value for '--url'" in text and "HPO_URL" in text and repr(url) in text
+
+
 @pytest.mark.server
 def test_the_server_logs_its_addresses_once_ready(caplog):
     async def app(scope, receive, send):  # a bare ASGI app: only the startup matters here
