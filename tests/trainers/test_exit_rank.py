@@ -4,6 +4,7 @@ is done (pytorch/pytorch#117762); a single process exits as usual."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,3 +60,17 @@ def test_the_cli_of_a_rank_keeps_its_exit_status_and_message(args, status, says)
                           env=_env("2"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == status
     assert says in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow  # a torchrun of two ranks: about 8 s on 2 idle cores
+def test_a_torchrun_of_the_cli_ends_every_rank_with_0_and_keeps_rank_0s_output(tmp_path):
+    summary = tmp_path / "summary.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "trainers", "digits", "--max-updates", "4", "--eval-interval", "2",
+           "--summary-json", str(summary)]
+    env = {**_env(None), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # stdout is a pipe (block-buffered): what rank 0 printed last is there, once
+    assert proc.stdout.count("digits: 4 updates in ") == 1
+    assert json.loads(summary.read_text())["n_updates"] == 4
