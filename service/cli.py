@@ -32,18 +32,28 @@ out = Console()
 
 def _service_url(value: str) -> str:
     """``--url`` / ``HPO_URL``: an http(s) address with a host (``localhost:8000`` would be
-    read as scheme ``localhost`` and fail later as "unreachable")."""
+    read as scheme ``localhost`` and fail later as "unreachable"); no spaces or control
+    characters (a CRLF ``.env`` file's ``\r``)."""
     from urllib.parse import urlsplit
 
+    import httpx
+
+    from service.client import shown
+
+    example = "e.g. http://127.0.0.1:8000 (--url or HPO_URL)"
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise typer.BadParameter(f"{shown(value)!r} holds a space or a control character; "
+                                 + example)
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError as e:
-        raise typer.BadParameter(f"{value!r} is not an address ({e}); e.g. "
-                                 "http://127.0.0.1:8000 (--url or HPO_URL)") from None
+        httpx.URL(value)
+    except (ValueError, httpx.InvalidURL) as e:
+        raise typer.BadParameter(f"{shown(value)!r} is not an address "
+                                 f"({shown(e)}); {example}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise typer.BadParameter(f"{value!r} is not an http:// or https:// address with a "
-                                 "host; e.g. http://127.0.0.1:8000 (--url or HPO_URL)")
+        raise typer.BadParameter(f"{shown(value)!r} is not an http:// or https:// address "
+                                 f"with a host; {example}")
     return value
 
 

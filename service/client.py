@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,14 +34,23 @@ class ApiError(Exception):
         self.details = details or []
 
 
-def _refused(error: BaseException) -> bool:
-    """Whether a connect error was a refused connection (a service not listening yet)."""
+def _unresolvable(error: BaseException) -> bool:
+    """Whether a connect error was a name that does not resolve (and will not by waiting:
+    not ``EAI_AGAIN``, a resolver that failed for now). Every other connect error is waited
+    out as a service that is starting: a refused connection, or one of several addresses
+    of a name refused while another failed (``create_connection`` raises the last)."""
+    final = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return True
+        if isinstance(seen, socket.gaierror):
+            return seen.errno in final
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def shown(url: object) -> str:
+    """``url`` for a message: a password in it replaced by ``***``."""
+    return re.sub(r"(^|//)([^/@:\s]*):[^/@\s]*@", r"\1\2:***@", str(url))
 
 
 class Client:
@@ -51,7 +62,7 @@ class Client:
         timeout_s: per request, in seconds (> 0).
         start_wait_s: how long a refused connection is tried again, in seconds (>= 0):
             a service that is starting (``hpo serve`` starts Ray first) is waited for;
-            a host that does not resolve or cannot be routed to fails at once.
+            a host name that does not resolve fails at once.
             A refused connection never carried the request, so a retried POST is sent once.
         on_wait: called once with a message when the client starts waiting.
     """
@@ -76,21 +87,22 @@ class Client:
                 response = self.http.request(method, path, **kwargs)
                 break
             except httpx.ConnectError as e:
-                if not _refused(e):  # no such host, no route: waiting will not help
-                    raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}"
-                                   " (set --url or HPO_URL)") from None
+                if _unresolvable(e):  # no such host: waiting will not help
+                    raise ApiError(0, "unreachable", f"cannot reach {shown(self.http.base_url)}:"
+                                   f" {e} (set --url or HPO_URL)") from None
                 if time.monotonic() >= deadline:
-                    raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}"
+                    raise ApiError(0, "unreachable", f"cannot reach {shown(self.http.base_url)}:"
+                                   f" {e}"
                                    f" (waited {self.start_wait_s:.0f} s; is `hpo serve` "
                                    f"running there? set --url or HPO_URL)") from None
                 if self.on_wait is not None:
                     self.on_wait(f"waiting up to {self.start_wait_s:.0f} s for the service at "
-                                 f"{self.http.base_url} to start ...")
+                                 f"{shown(self.http.base_url)} to start ...")
                     self.on_wait = None
                 time.sleep(RETRY_S)
             except httpx.HTTPError as e:
-                raise ApiError(0, "unreachable", f"cannot reach {self.http.base_url}: {e}"
-                               ) from None
+                raise ApiError(0, "unreachable", f"cannot reach {shown(self.http.base_url)}: "
+                               f"{e}") from None
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]

@@ -101,15 +101,24 @@ def exit_rank(status: int) -> NoReturn:
     aborts (SIGABRT, "terminate called without an active exception") after its work was
     done and saved, so ``torchrun`` reports the run failed (pytorch/pytorch#117762 and
     #190489, open; seen in about one CI run in ten, for DDP and for FSDP ranks). Such a
-    rank flushes its output and logs and leaves with ``os._exit``; a single process exits
-    as usual (``SystemExit``).
+    rank flushes its output and logs and leaves with ``os._exit``; a single process (or a
+    ``WORLD_SIZE`` that is no integer) exits as usual (``SystemExit``).
+
+    A rank therefore runs no ``atexit`` handler and waits for no non-daemon thread: a
+    task that writes from a thread of its own (a TensorBoard writer) ends it before
+    ``fit`` returns.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    try:
+        launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        launched = False
+    if not launched:
         raise SystemExit(status)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
-            stream.flush()
+        if stream is not None:  # None: the descriptor was closed at start (>&-)
+            with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
+                stream.flush()
     os._exit(status)
 
 

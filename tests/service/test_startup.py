@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
 import uvicorn
 
@@ -110,10 +111,55 @@ def test_a_host_that_does_not_resolve_fails_at_once_without_waiting():
     assert said == []  # a refused connection waits for a starting service; this did not
 
 
+def _connect_error(cause: OSError) -> httpx.ConnectError:
+    try:
+        raise httpx.ConnectError(str(cause)) from cause
+    except httpx.ConnectError as e:
+        return e
+
+
+@pytest.mark.parametrize(("cause", "waits"), [
+    (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), False),
+    (socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"), True),
+    (ConnectionRefusedError(111, "Connection refused"), True),
+    # localhost's addresses tried in turn, the last (::1, IPv6 off) raising
+    (OSError(99, "Cannot assign requested address"), True),
+    (OSError(113, "No route to host"), True),
+], ids=["no-such-name", "resolver-for-now", "refused", "last-address-unusable", "no-route"])
+def test_only_a_name_that_does_not_resolve_is_not_waited_for(cause, waits, monkeypatch):
+    said: list[str] = []
+    client = Client("http://bob:s3cret@localhost:1", start_wait_s=0.2, on_wait=said.append)
+
+    def fail(*_args, **_kwargs):
+        raise _connect_error(cause)
+
+    monkeypatch.setattr(client.http, "request", fail)
+    with pytest.raises(ApiError) as caught:
+        client.study("s")
+    assert (said != []) == waits and ("waited" in str(caught.value)) == waits
+    assert "s3cret" not in str(caught.value) + " ".join(said)
+    assert "http://bob:***@localhost:1" in str(caught.value)
+
+
 @pytest.mark.parametrize("url", ["localhost:8000", "127.0.0.1:8000", "ftp://127.0.0.1:8000",
-                                 "http://", "http://127.0.0.1:port", "//127.0.0.1:8000"])
+                                 "http://", "http://127.0.0.1:port", "//127.0.0.1:8000",
+                                 "http://127.0.0.1:8000\r", " http://127.0.0.1:8000",
+                                 "http://127.0.0.1:8000\t"])
 @pytest.mark.parametrize("by_env", [False, True])
 def test_a_url_that_is_no_http_address_is_refused_naming_the_option(url, by_env, monkeypatch):
+    _refused_url(url, by_env, monkeypatch)
+
+
+def test_a_url_with_a_null_byte_is_refused():  # a flag only: no environment holds one
+    from typer.testing import CliRunner
+
+    from hpo.cli import app
+
+    result = CliRunner().invoke(app, ["status", "s", "--url", "http://127.0.0.1:8000\x00"])
+    assert result.exit_code == 2 and "Invalid value for '--url'" in result.output
+
+
+def _refused_url(url: str, by_env: bool, monkeypatch) -> None:
     from typer.testing import CliRunner
 
     from hpo.cli import app
@@ -127,6 +173,19 @@ def test_a_url_that_is_no_http_address_is_refused_naming_the_option(url, by_env,
     assert result.exit_code == 2
     text = " ".join(result.output.replace("│", " ").split())
     assert "Invalid value for '--url'" in text and "HPO_URL" in text and repr(url) in text
+
+
+@pytest.mark.parametrize("url", ["ftp://bob:s3cret@h:1", "http://bob:s3cret@h:port",
+                                 "bob:s3cret@h:1", "http://bob:s3cret@h:1\r"])
+def test_a_refused_url_s_password_is_not_shown(url, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hpo.cli import app
+
+    monkeypatch.setenv("HPO_URL", url)
+    result = CliRunner().invoke(app, ["status", "s"])
+    assert result.exit_code == 2
+    assert "s3cret" not in result.output and "bob:***@" in result.output
 
 
 @pytest.mark.server

@@ -22,7 +22,7 @@ from trainers.distributed import exit_rank
 logging.basicConfig(filename=sys.argv[1], level=logging.INFO)
 atexit.register(lambda: print("finalized", flush=True))
 print("done", end="")
-sys.stderr.write("warned")
+sys.stderr and sys.stderr.write("warned")  # None where >&- closed it
 logging.getLogger("probe").info("logged")
 exit_rank(int(sys.argv[2]))
 """
@@ -35,7 +35,8 @@ def _env(world_size: str | None) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize(("world_size", "finalized"), [("2", False), ("1", True), (None, True)])
+@pytest.mark.parametrize(("world_size", "finalized"), [
+    ("2", False), ("1", True), (None, True), ("abc", True), ("", True)])
 @pytest.mark.parametrize("status", [0, 1, 3])
 def test_a_rank_leaves_without_finalization_and_keeps_its_output(tmp_path, world_size,
                                                                  finalized, status):
@@ -46,6 +47,17 @@ def test_a_rank_leaves_without_finalization_and_keeps_its_output(tmp_path, world
     assert proc.stdout == "done" + ("finalized\n" if finalized else "")
     assert proc.stderr == "warned"
     assert log.read_text() == "INFO:probe:logged\n"
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_rank_whose_output_was_closed_at_start_keeps_its_status(tmp_path, closed):
+    """``>&-``: Python starts with ``sys.stdout`` (or ``sys.stderr``) None."""
+    fd = {"stdout": 1, "stderr": 2}[closed]
+    cmd = f'exec {fd}>&- ; exec "$0" -c "$1" "$2" 3'
+    proc = subprocess.run(["bash", "-c", cmd, sys.executable, PROBE, str(tmp_path / "run.log")],
+                          cwd=REPO, env=_env("2"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert (tmp_path / "run.log").read_text() == "INFO:probe:logged\n"
 
 
 @pytest.mark.parametrize(("args", "status", "says"), [
