@@ -50,6 +50,7 @@ from hpo.storage import set_trial_user_attrs, trial_id_of
 from hpo.study import SPEC_ATTR as SPEC_ATTR  # re-exported: hpo.warmstart reads it here
 from hpo.study import create_study as create_study  # re-exported (tests/hpo/test_record.py)
 from hpo.study import open_stored_study
+from hpo.summary import best_order
 from hpo.trialvalues import final_values, last_values, set_constraints
 
 log = logging.getLogger(__name__)
@@ -398,12 +399,10 @@ class StudyRecord:
         self._changed(t.trial_id)
         if state == TrialState.COMPLETE and not self.spec.is_multi_objective and \
                 feasible is not False:
-            value = values[0]
-            sign = -1.0 if self.spec.objectives[0].direction == "maximize" else 1.0
-            # hpo.summary.best_single's order: the better value, of equal values the first
-            if self.best is None or (sign * value, t.number) < (sign * self.best[1],
-                                                                self.best[0]):
-                self.best = (t.number, value)
+            maximize = self.spec.objectives[0].direction == "maximize"
+            if self.best is None or best_order(values[0], t.number, maximize) < \
+                    best_order(self.best[1], self.best[0], maximize):
+                self.best = (t.number, values[0])
 
     # -- the study as a whole ----------------------------------------------------------
 

@@ -353,8 +353,13 @@ def best_single(trials: Iterable[FrozenTrial], maximize: bool) -> FrozenTrial | 
     query orders by value alone, so its pick among ties is the database's; one rule here
     keeps the REST answer, the CLI and the driver's outcome on the same trial whatever the
     order the trials ended in."""
-    sign = -1.0 if maximize else 1.0
-    return min(trials, key=lambda t: (sign * t.values[0], t.number), default=None)
+    return min(trials, key=lambda t: best_order(t.values[0], t.number, maximize), default=None)
+
+
+def best_order(value: float, number: int, maximize: bool) -> tuple[float, int]:
+    """:func:`best_single`'s sort key of trial ``number`` with ``value``: the smaller the
+    better (the better value, of equal values the lower number)."""
+    return (-value if maximize else value, number)
 
 
 def feasible(trial: FrozenTrial) -> bool:

@@ -29,7 +29,6 @@ err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
 
-
 def _service_url(value: str) -> str:
     """``--url`` / ``HPO_URL``: an http(s) address with a host (``localhost:8000`` would be
     read as scheme ``localhost`` and fail later as "unreachable"); no spaces or control
@@ -40,6 +39,8 @@ def _service_url(value: str) -> str:
 
     from service.client import shown
 
+    # both parsers: urlsplit refuses ports out of range (httpx takes 99999 and -1), httpx
+    # what it would refuse at the first request
     example = "e.g. http://127.0.0.1:8000 (--url or HPO_URL)"
     if any(c.isspace() or not c.isprintable() for c in value):
         raise typer.BadParameter(f"{shown(value)!r} holds a space or a control character; "

@@ -60,10 +60,10 @@ class Client:
         url: the service's base URL, e.g. ``http://127.0.0.1:8000``.
         token: a token from ``hpo token create``.
         timeout_s: per request, in seconds (> 0).
-        start_wait_s: how long a refused connection is tried again, in seconds (>= 0):
+        start_wait_s: how long a failed connection is tried again, in seconds (>= 0):
             a service that is starting (``hpo serve`` starts Ray first) is waited for;
-            a host name that does not resolve fails at once.
-            A refused connection never carried the request, so a retried POST is sent once.
+            a host name that does not resolve fails at once. A connection that failed
+            never carried the request, so a retried POST is sent once.
         on_wait: called once with a message when the client starts waiting.
     """
 

@@ -6,7 +6,9 @@ from trainers.distributed import exit_rank
 try:
     status = main()
 except SystemExit as e:  # argparse's errors and --help, after their message
-    status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-    if status == 1 and e.code is not None and not isinstance(e.code, int):
+    if e.code is None or isinstance(e.code, int):
+        status = e.code or 0
+    else:  # as Python does with a SystemExit that carries a message
         print(e.code, file=sys.stderr)
+        status = 1
 exit_rank(status)
