@@ -321,6 +321,34 @@ def _error(err: dict, data: Any) -> dict[str, str]:
             "msg": msg}
 
 
+def _union_members_as_one(errors: list[tuple[tuple, dict[str, str]]]) -> list[dict[str, str]]:
+    """One problem per field where a value fit none of a union's members: pydantic reports
+    each member's failure at its own loc (``..., 'bool'``, ``..., 'int'``), which is the
+    same field path once the member is dropped; those run together read as one message
+    ("Input should be a valid boolean, a valid integer or a valid string")."""
+    out: list[dict[str, str]] = []
+    raw_of_last: tuple | None = None
+    parts: list[str] = []
+    for raw, problem in errors:
+        if out and out[-1]["loc"] == problem["loc"] and raw != raw_of_last:
+            parts.append(problem["msg"])
+            out[-1] = {"loc": problem["loc"], "msg": _either(parts)}
+        else:
+            out.append(problem)
+            parts = [problem["msg"]]
+        raw_of_last = raw
+    return out
+
+
+def _either(msgs: list[str]) -> str:
+    """``["Input should be a", "Input should be b"]`` -> ``"Input should be a or b"``."""
+    head = "Input should be "
+    if all(m.startswith(head) for m in msgs):
+        rest = [m.removeprefix(head) for m in msgs]
+        return head + ", ".join(rest[:-1]) + " or " + rest[-1]
+    return "; or ".join(msgs)
+
+
 def _msg(text: str) -> str:
     return text.removeprefix("Value error, ")
 
@@ -404,7 +432,8 @@ def _validate(data: Mapping[str, Any]) -> StudySpec:
     except ValidationError as e:
         # without the inputs and links: building them for 60,000 unknown keys took 0.1 s
         found = e.errors(include_url=False, include_input=False)
-        errors = [_error(err, data) for err in found[:MAX_ERRORS]]
+        errors = _union_members_as_one([(err["loc"], _error(err, data))
+                                        for err in found[:MAX_ERRORS]])
         if len(found) > MAX_ERRORS:
             errors.append(more_errors(len(found) - MAX_ERRORS))
         raise SpecError(errors) from None
