@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import warnings
+from typing import Any
 
 import optuna
 from optuna.study import StudyDirection
@@ -25,6 +26,9 @@ from hpo.storage import (
 )
 
 SPEC_ATTR = "hpo_spec"
+WARM_START_POINTS_ATTR = "hpo:warm_start_points"
+"""Study system attribute: the warm-start ``[params, source]`` pairs read when the study was
+created (the service's studies; see :mod:`hpo.warmstart`)."""
 
 
 def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
@@ -82,12 +86,19 @@ def create_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> int:
         raise StudyExistsError(f"an Optuna study named {spec.name!r} exists already") from None
 
 
-def new_study_rows(spec: StudySpec) -> tuple[list[StudyDirection], dict, dict]:
+def new_study_rows(spec: StudySpec, warm_start: list[tuple[dict, str]] | None = None
+                   ) -> tuple[list[StudyDirection], dict, dict]:
     """What :func:`create_study` stores of ``spec``: one direction per objective, the user
-    attributes (the spec, ``hpo_spec``) and the system attributes (the metric names)."""
+    attributes (the spec, ``hpo_spec``) and the system attributes (the metric names, and
+    ``warm_start``'s ``(params, source)`` points where given:
+    :data:`WARM_START_POINTS_ATTR`)."""
     directions = [StudyDirection.MAXIMIZE if o.direction == "maximize"
                   else StudyDirection.MINIMIZE for o in spec.objectives]
-    return directions, {SPEC_ATTR: spec.to_dict()}, {METRIC_NAMES_ATTR: metric_names(spec)}
+    system_attrs: dict[str, Any] = {METRIC_NAMES_ATTR: metric_names(spec)}
+    if warm_start is not None:
+        system_attrs[WARM_START_POINTS_ATTR] = [[params, source]
+                                                for params, source in warm_start]
+    return directions, {SPEC_ATTR: spec.to_dict()}, system_attrs
 
 
 def metric_names(spec: StudySpec) -> list[str]:

@@ -6,6 +6,12 @@ had constraints (as its best trial). The points are enqueued in the new study
 ``warm_start`` user attribute naming its source (``points[2]`` or
 ``study:NAME#17``); the study keeps the list of its sources in its ``warm_start``
 user attribute.
+
+The service reads an earlier study's points when the study is created, where it checks
+that the owner may read that study, and stores them with the new Optuna study
+(:data:`hpo.study.WARM_START_POINTS_ATTR`); its driver enqueues those and never looks the
+name up again, which could by then name another owner's study (deleted and made again
+under that name).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from optuna.trial import TrialState
 from hpo.errors import SpecError
 from hpo.record import SPEC_ATTR, StudyRecord
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec, WarmStartStudy
+from hpo.study import WARM_START_POINTS_ATTR
 from hpo.validation import in_distribution
 
 
@@ -63,11 +70,25 @@ def _source_study(name: str, storage, loc: str) -> optuna.Study:
     return study
 
 
-def enqueue_warm_start(record: StudyRecord) -> int:
-    """Enqueue the spec's warm-start points in a study that has no trial yet; return how many."""
+def enqueue_warm_start(record: StudyRecord, *, look_up: bool = True) -> int:
+    """Enqueue the spec's warm-start points in a study that has no trial yet; return how many.
+
+    The points stored at the study's creation (:data:`hpo.study.WARM_START_POINTS_ATTR`)
+    if any; else, with ``look_up``, the spec's points read now (``hpo run``'s own study);
+    else only the spec's own ``params`` points (a service's study made before the points
+    were stored: an earlier study is not looked up by a name that may now be another
+    owner's).
+    """
     if not record.spec.warm_start or record.study.get_trials(deepcopy=False):
         return 0
-    points = warm_start_points(record.spec, record.storage)
+    stored = record.storage.get_study_system_attrs(record.study_id).get(WARM_START_POINTS_ATTR)
+    if stored is not None:
+        points = [(dict(params), source) for params, source in stored]
+    elif look_up:
+        points = warm_start_points(record.spec, record.storage)
+    else:
+        points = [(dict(e.params), f"points[{i}]") for i, e in enumerate(record.spec.warm_start)
+                  if not isinstance(e, WarmStartStudy)]
     for params, source in points:
         record.study.enqueue_trial(params, user_attrs={"warm_start": source})
     record.study.set_user_attr("warm_start", [source for _, source in points])

@@ -121,9 +121,9 @@ class StudyService:
                                 self.settings.artifacts_path)
         if clash is not None:
             raise SpecError.at("name", clash)
-        self._check_warm_start(spec, owner)
+        warm_start = self._warm_start(spec, owner)
         change = auditor.change("study.create", spec.name) if auditor is not None else None
-        optuna_id = self._insert_creating(spec, owner)
+        optuna_id = self._insert_creating(spec, owner, warm_start)
         try:  # from here on, the Optuna study of this name is the one this call created
             row = self._queue(spec, optuna_id, change)
             self.on_queued()
@@ -132,12 +132,17 @@ class StudyService:
             raise
         return StudyView(row, owner.name, TrialCounts(), optuna_id, [], 0.0)
 
-    def _check_warm_start(self, spec: StudySpec, owner: Principal) -> None:
-        """Earlier studies named by ``warm_start`` must be ones ``owner`` may read, and usable.
+    def _warm_start(self, spec: StudySpec, owner: Principal) -> list[tuple[dict, str]] | None:
+        """The ``(params, source)`` points of ``warm_start`` (None: it has none), read now,
+        when the earlier studies it names are checked to be ones ``owner`` may read, and
+        stored with the study: its driver never looks those names up again (by then one
+        may name another owner's study).
 
         Raises:
             SpecError: naming ``warm_start.I.study``.
         """
+        if not spec.warm_start:
+            return None
         for i, entry in enumerate(spec.warm_start):
             if isinstance(entry, WarmStartStudy):
                 try:
@@ -145,9 +150,10 @@ class StudyService:
                 except StudyNotFound:
                     raise SpecError.at(f"warm_start.{i}.study",
                                        f"no study named {entry.study!r}") from None
-        warm_start_points(spec, self.storage)
+        return warm_start_points(spec, self.storage)
 
-    def _insert_creating(self, spec: StudySpec, owner: Principal) -> int:
+    def _insert_creating(self, spec: StudySpec, owner: Principal,
+                         warm_start: list[tuple[dict, str]] | None = None) -> int:
         """Insert the CREATING row and create the Optuna study, both or neither (on
         PostgreSQL one statement, elsewhere one transaction): the Optuna study's id. A
         concurrent create of the same name is answered 409 only once that create has
@@ -166,9 +172,10 @@ class StudyService:
                 with one_statement(self.sessions) as conn:  # Core statements, built once
                     if not postgresql:  # one transaction
                         conn.execute(_INSERT, row)
-                        return insert_study(conn, spec.name, *new_study_rows(spec))
-                    statement, params = create_study_statement(spec.name,
-                                                               *new_study_rows(spec))
+                        return insert_study(conn, spec.name,
+                                            *new_study_rows(spec, warm_start))
+                    statement, params = create_study_statement(
+                        spec.name, *new_study_rows(spec, warm_start))
                     return conn.execute(with_creating_row(statement), {
                         **params, **{f"row_{k}": v for k, v in row.items()},
                         "row_at": utcnow()}).scalar_one()

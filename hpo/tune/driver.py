@@ -245,7 +245,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     with DriverLease(storage, spec.name):
         board.started()
         try:
-            enqueue_warm_start(record)
+            enqueue_warm_start(record, look_up=compare_spec)  # the service's: stored
             plan = plan_trials(record)
             if plan.n_ray_trials > 0:
                 if not cluster_checked:  # a stored study continued, perhaps on another cluster

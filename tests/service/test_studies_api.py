@@ -394,3 +394,51 @@ def test_warm_start_from_a_study_of_another_owner_answers_422_and_from_ones_own_
         "warm-ok", warm_start=[{"study": "alices-earlier", "top_k": 1}]))
     assert r.status_code == 201, r.text
     assert _stored(app)[0] == ["alices-earlier", "bobs-earlier", "warm-ok"]
+
+
+def test_warm_start_takes_the_points_of_the_study_checked_at_create_not_a_later_namesake(
+        client, tokens, app):
+    """A queued study's warm start from ``shared`` (bob's, checked readable at create) must
+    not take the trials of alice's ``shared``, made after bob deleted his: the points are
+    read and stored at create, and the driver never looks the name up again."""
+    bob, alice = bearer(tokens["bob"]), bearer(tokens["alice"])
+    client.post("/v1/studies", json=tiny_spec("shared"), headers=bob)
+    _with_trials(app, "shared", [0.7, 0.9])
+    storage = app.state.components.studies.storage
+    bobs = optuna.load_study(study_name="shared", storage=storage).best_trial
+    r = client.post("/v1/studies", headers=bob, json=tiny_spec(
+        "bob-warm", warm_start=[{"study": "shared", "top_k": 1}, {"params": {"lr": 0.01}}]))
+    assert r.status_code == 201, r.text
+    assert client.delete("/v1/studies/shared", headers=bob).status_code == 204
+    assert client.post("/v1/studies", json=tiny_spec("shared"), headers=alice).status_code == 201
+    _with_trials(app, "shared", [0.95, 0.99])
+
+    from hpo.record import StudyRecord
+    from hpo.spec import load_stored
+    from hpo.warmstart import enqueue_warm_start
+    stored = optuna.load_study(study_name="bob-warm", storage=storage).user_attrs["hpo_spec"]
+    record = StudyRecord(load_stored(stored), storage, compare_spec=False)
+    assert enqueue_warm_start(record, look_up=False) == 2
+    waiting = record.study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [(t.system_attrs["fixed_params"], t.user_attrs["warm_start"]) for t in waiting] == [
+        (bobs.params, f"study:shared#{bobs.number}"), ({"lr": 0.01}, "points[1]")]
+
+
+def test_warm_start_of_a_study_stored_without_its_points_looks_no_name_up(client, tokens, app):
+    """A service's study made before its points were stored enqueues only its own points."""
+    h = bearer(tokens["alice"])
+    client.post("/v1/studies", json=tiny_spec("earlier"), headers=h)
+    _with_trials(app, "earlier", [0.9])
+    client.post("/v1/studies", headers=h, json=tiny_spec(
+        "older", warm_start=[{"study": "earlier", "top_k": 1}, {"params": {"lr": 0.02}}]))
+    storage = app.state.components.studies.storage
+    study = optuna.load_study(study_name="older", storage=storage)
+    storage.set_study_system_attr(storage.get_study_id_from_name("older"),
+                                  "hpo:warm_start_points", None)
+
+    from hpo.record import StudyRecord
+    from hpo.spec import load_stored
+    from hpo.warmstart import enqueue_warm_start
+    record = StudyRecord(load_stored(study.user_attrs["hpo_spec"]), storage, compare_spec=False)
+    assert enqueue_warm_start(record, look_up=False) == 1
+    assert [t.system_attrs["fixed_params"] for t in record.study.trials] == [{"lr": 0.02}]
