@@ -7,7 +7,10 @@ A model file is one ``torch.save``'d dict of tensors and plain Python values
     format_version  1 (FORMAT_VERSION; a reader refuses a newer one)
     task            the task's registered name, e.g. "digits"
     options         the task's options (dict)
-    config          the run's TrainConfig (dict, ``trainers.fields.to_dict``)
+    config          the run's TrainConfig (dict, ``trainers.fields.to_dict``), its
+                    ``checkpoint_dir`` null: where the run kept its checkpoints is a path
+                    of the machine that trained it, no part of the model (a file served
+                    to a user names no server path)
     weights         the model's ``state_dict`` (tensors on CPU): the weights the run's
                     evaluations used, i.e. the EMA weights when the run kept an EMA and
                     evaluated it (``ema_decay`` set, ``eval_with_ema`` true, the
@@ -77,7 +80,8 @@ def model_from_checkpoint(path: str | Path, origin: Mapping[str, Any] | None = N
         history = state.get("history") or []
         return {
             "format": FORMAT, "format_version": FORMAT_VERSION,
-            "task": state["task"], "options": dict(state["options"]), "config": dict(config),
+            "task": state["task"], "options": dict(state["options"]),
+            "config": {**config, "checkpoint_dir": None},
             "weights": weights, "weights_kind": "ema" if use_ema else "model",
             "step": int(state["trainer"]["step"]),
             "metrics": dict(history[-1]) if history else {},

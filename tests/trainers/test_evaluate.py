@@ -46,6 +46,8 @@ def test_model_file_holds_the_ema_weights_when_the_run_used_ema(tmp_path):
     assert model["format"] == FORMAT and model["format_version"] == FORMAT_VERSION
     assert model["task"] == "digits" and model["options"]["width"] == 8
     assert model["config"]["ema_decay"] == 0.9 and model["config"]["max_updates"] == 12
+    assert model["config"]["checkpoint_dir"] is None  # a path of the training machine
+    assert str(tmp_path) not in repr({k: v for k, v in model.items() if k != "weights"})
     assert model["weights_kind"] == "ema" and model["step"] == 12
     assert _same(model["weights"], result.ema_model.state_dict())
     assert not _same(model["weights"], result.model.state_dict())
