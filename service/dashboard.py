@@ -89,6 +89,7 @@ from starlette.responses import Response
 from service import dashboard_login, optuna_sql
 from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve
+from service.dashboard_input import input_problem, replaying, with_accept_encoding
 from service.db import StudyRow
 from service.errors import NotAuthenticated
 from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
@@ -183,7 +184,7 @@ class DashboardGate:
             return
         path = normalize_path(scope["path"])
         scope = {**scope, "path": path, "raw_path": quote(path).encode("ascii"),
-                 "headers": _with_accept_encoding(scope["headers"])}
+                 "headers": with_accept_encoding(scope["headers"])}
         request = Request(scope, receive)
         if path in (dashboard_login.LOGIN_PATH, dashboard_login.LOGOUT_PATH):
             answer = await dashboard_login.answer(request, self.sessions, self.settings)
@@ -196,6 +197,8 @@ class DashboardGate:
             await self.app({**scope, "method": "GET"}, receive,
                            _Filter(send, answer, head).send)
         else:
+            if scope["method"] not in dashboard_login.SAFE_METHODS:  # a note: its body, read
+                receive = replaying(await request.body(), receive)  # by the check, goes on
             await self.app(scope, receive, send)
 
     async def _check(self, request: Request) -> Response | Rewrite | None:
@@ -233,14 +236,15 @@ class DashboardGate:
         if route.access is Access.PAGE:
             return None
         hide = None if who.is_admin else HIDING.get(route.rule)
-        if self._sees_all(who):
-            return await self._trial_refusal(route) or hide
-        owned = await self._owned_ids(who)
-        if route.access is Access.LIST:
-            return functools.partial(_owned_studies, owned)
-        if route.args["study_id"] not in owned:
-            return error_response(404, "not_found", f"no study with id {route.args['study_id']}")
-        return await self._trial_refusal(route) or hide
+        if not self._sees_all(who):
+            owned = await self._owned_ids(who)
+            if route.access is Access.LIST:
+                return functools.partial(_owned_studies, owned)
+            if route.args["study_id"] not in owned:
+                return error_response(404, "not_found",
+                                      f"no study with id {route.args['study_id']}")
+        return (await self._trial_refusal(route)
+                or await input_problem(route.rule, route.args, request, self.sessions) or hide)
 
     async def _trial_refusal(self, route: Route) -> Response | None:
         """404 where the route names a trial that is not one of its study's.
@@ -311,18 +315,6 @@ class DashboardGate:
                 return set(optuna_sql.study_ids(session.connection(), names).values())
 
         return await run_in_threadpool(query)
-
-
-def _with_accept_encoding(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """``headers`` with ``accept-encoding: identity`` added when the client sent none.
-
-    This answers optuna-dashboard's unguarded header read: its static routes
-    (``/static/...``, ``/favicon.ico``) read ``request.headers["Accept-Encoding"]``
-    and fail with 500 when the header is absent; "identity" is what no header means.
-    """
-    if any(name.lower() == b"accept-encoding" for name, _ in headers):
-        return headers
-    return [*headers, (b"accept-encoding", b"identity")]
 
 
 Rewrite = Callable[[bytes], bytes]  # a 200 answer's body -> the body sent

@@ -233,6 +233,66 @@ def test_admin_tokens_can_write_notes_through_the_dashboard(client, tokens, stud
     assert r.status_code == 204, r.text
 
 
+@pytest.mark.parametrize(("body", "content_type", "status", "says"), [
+    (b"[]", "application/json", 400, "JSON object"),
+    (b"null", "application/json", 400, "JSON object"),
+    (b"{", "application/json", 400, "not JSON"),
+    (b"\xff", "application/json", 400, "not JSON"),
+    (b'{"body": "x"}', "application/json", 400, "version"),
+    (b'{"version": "1", "body": "x"}', "application/json", 400, "version"),
+    (b'{"version": true, "body": "x"}', "application/json", 400, "version"),
+    (b'{"version": 0, "body": "x"}', "application/json", 400, "version"),
+    (b'{"version": 1, "body": 3}', "application/json", 400, "body"),
+    (b'{"version": 1}', "application/json", 400, "body"),
+    (b'{"version": 1, "body": "x"}', "text/plain", 415, "application/json"),
+    (b'{"version": 1, "body": "x"}', "", 415, "application/json"),
+])
+def test_a_malformed_note_answers_4xx_in_the_error_shape_and_writes_nothing(
+        client, tokens, studies, app, body, content_type, status, says):
+    # optuna-dashboard answered 500 (its own shape, a traceback in the log) for a body that
+    # is not a JSON object: request.json.get on a list or None
+    h = {**bearer(tokens["admin"]), "Content-Type": content_type}
+    sid, tid = studies[ALICE_STUDY], studies[f"{ALICE_STUDY}/trial"]
+    storage = app.state.components.studies.storage
+    for path in (f"/api/studies/{sid}/note", f"/api/studies/{sid}/{tid}/note"):
+        r = client.put(path, headers=h, content=body)
+        assert r.status_code == status, (path, r.text)
+        assert says in r.json()["error"]["message"]
+    assert not [k for k in storage.get_study_system_attrs(sid) if "note" in k]
+    r = client.put(f"/api/studies/{sid}/note", headers=bearer(tokens["alice"]), content=b"[]")
+    assert r.status_code == 403  # who may write is answered first
+
+
+def test_a_pareto_front_of_a_study_without_2_or_3_objectives_answers_400(client, tokens, app):
+    # optuna-dashboard answered 500 (plot_pareto_front's ValueError, a traceback in the log)
+    storage = app.state.components.studies.storage
+    h, admin = bearer(tokens["alice"]), bearer(tokens["admin"])
+    assert client.post("/v1/studies", json=tiny_spec("front1"), headers=h).status_code == 201
+    optuna.create_study(study_name="made-outside-4", storage=storage,
+                        directions=["minimize"] * 4)  # the service makes none of 4 here
+    for name, who, n in [("front1", h, 1), ("made-outside-4", admin, 4)]:
+        sid = storage.get_study_id_from_name(name)
+        r = client.get(f"/api/studies/{sid}/plot/pareto_front", headers=who)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == ("plot_type: a Pareto front is drawn for 2 or "
+                                                f"3 objectives; this study has {n}")
+    sid = storage.get_study_id_from_name("front1")
+    r = client.get(f"/api/studies/{sid}/plot/nope", headers=h)
+    assert r.status_code == 404 and "no plot 'nope'" in r.json()["error"]["message"]
+    other = client.get(f"/api/studies/{sid}/plot/pareto_front", headers=bearer(tokens["bob"]))
+    assert other.status_code == 404  # another owner's study: not found, as every route
+
+
+def test_a_pareto_front_of_two_objectives_is_drawn(client, tokens, app):
+    h = bearer(tokens["alice"])
+    spec = tiny_spec("front2", objective=[{"metric": "val_loss", "direction": "minimize"},
+                                          {"metric": "val_accuracy", "direction": "maximize"}])
+    assert client.post("/v1/studies", json=spec, headers=h).status_code == 201
+    sid = app.state.components.studies.storage.get_study_id_from_name("front2")
+    r = client.get(f"/api/studies/{sid}/plot/pareto_front", headers=h)
+    assert r.status_code == 200 and "data" in r.json(), r.text[:200]
+
+
 def test_the_dashboard_cannot_change_the_studies_or_trials_even_for_admins(client, tokens,
                                                                            studies, app):
     storage = app.state.components.studies.storage

@@ -1,0 +1,103 @@
+"""What the dashboard gate checks of a request's own input before optuna-dashboard runs it.
+
+optuna-dashboard 0.21 answers some malformed requests with a 500 of its own shape
+(``{"reason": "internal server error"}``, a traceback in the log): a note whose body is
+not a JSON object (``request.json.get`` on a list or None), and the Pareto-front plot of a
+study without 2 or 3 objectives (``optuna.visualization.plot_pareto_front`` raises
+ValueError). The gate answers those 400, and a plot kind the dashboard lacks 404, in the
+service's error shape, naming the field; and it adds the ``Accept-Encoding`` header whose
+absence fails optuna-dashboard's static routes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+from sqlalchemy.orm import sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.api_errors import error_response
+
+# optuna-dashboard 0.21's get_plot kinds; any other answers 404
+PLOT_KINDS = ("contour", "edf", "parallel_coordinate", "pareto_front", "rank", "slice",
+              "timeline")
+PLOT_RULE = "/api/studies/<study_id:int>/plot/<plot_type>"
+NOTE_RULES = frozenset({"/api/studies/<study_id:int>/note",
+                        "/api/studies/<study_id:int>/<trial_id:int>/note"})
+_DIRECTIONS = sa.table("study_directions", sa.column("study_id"), sa.column("objective"))
+
+
+async def input_problem(rule: str, args: dict, request: Request,
+                        sessions: sessionmaker) -> Response | None:
+    """A 400 or 404 answer where the request to the route ``rule`` (with its ``args``) is
+    malformed; None where optuna-dashboard may run it."""
+    if rule in NOTE_RULES:
+        return _note_problem(await request.body(), request.headers.get("content-type", ""))
+    if rule == PLOT_RULE:
+        kind = args["plot_type"]
+        if kind not in PLOT_KINDS:
+            return error_response(404, "not_found", f"no plot {kind!r}; plots: "
+                                  f"{', '.join(PLOT_KINDS)}")
+        if kind == "pareto_front":
+            n = await run_in_threadpool(_objectives, sessions, args["study_id"])
+            if n not in (2, 3):
+                return error_response(400, "bad_request", f"plot_type: a Pareto front is "
+                                      f"drawn for 2 or 3 objectives; this study has {n}")
+    return None
+
+
+def _note_problem(body: bytes, content_type: str) -> Response | None:
+    """optuna-dashboard reads a note as ``{"version": int, "body": str}`` JSON."""
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        return error_response(415, "unsupported_media_type",
+                              "a note is sent as application/json")
+    try:
+        note = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return error_response(400, "bad_request", "the body is not JSON")
+    if not isinstance(note, dict):
+        return error_response(400, "bad_request", "the body must be a JSON object "
+                              "{\"version\": int, \"body\": str}")
+    version, text = note.get("version"), note.get("body")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return error_response(400, "bad_request", "version: the note's next version, an "
+                              "integer >= 1")
+    if not isinstance(text, str):
+        return error_response(400, "bad_request", "body: the note's text, a string")
+    return None
+
+
+def _objectives(sessions: sessionmaker, study_id: int) -> int:
+    with sessions() as session:
+        return session.execute(sa.select(sa.func.count()).select_from(_DIRECTIONS).where(
+            _DIRECTIONS.c.study_id == study_id)).scalar_one()
+
+
+def replaying(body: bytes, receive):
+    """An ASGI ``receive`` that gives ``body`` (read by the check) first, then waits on
+    ``receive`` (a disconnect)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def with_accept_encoding(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``accept-encoding: identity`` added when the client sent none.
+
+    This answers optuna-dashboard's unguarded header read: its static routes
+    (``/static/...``, ``/favicon.ico``) read ``request.headers["Accept-Encoding"]``
+    and fail with 500 when the header is absent; "identity" is what no header means.
+    """
+    if any(name.lower() == b"accept-encoding" for name, _ in headers):
+        return headers
+    return [*headers, (b"accept-encoding", b"identity")]
