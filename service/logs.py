@@ -23,6 +23,7 @@ import logging
 import re
 import sys
 import uuid
+from urllib.parse import unquote
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,8 +41,25 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 
 
 def redact(text: str) -> str:
-    """``text`` with tokens, bearer credentials and ``token=`` values replaced by ``<hidden>``."""
-    return SECRET.sub(lambda m: (m.group("keep") or "") + "<hidden>", text)
+    """``text`` with tokens, bearer credentials and ``token=`` values replaced by ``<hidden>``.
+
+    A line with percent-escapes (a request line as the client wrote it: ``?k=%68po_...``)
+    is matched decoded, as the server reads it; where that hides something, the decoded
+    line is what is logged.
+    """
+    out = SECRET.sub(_hidden, text)
+    decoded = out
+    for _ in range(3):  # escapes of escapes, a few levels
+        if "%" not in decoded or (again := unquote(decoded)) == decoded:
+            break
+        decoded = again
+        if SECRET.search(decoded):
+            return SECRET.sub(_hidden, decoded)
+    return out
+
+
+def _hidden(m: re.Match) -> str:
+    return (m.group("keep") or "") + "<hidden>"
 
 
 def bind(**context: object) -> None:

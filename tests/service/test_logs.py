@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from urllib.parse import unquote
 
 import pytest
 
@@ -130,6 +131,32 @@ def test_tokens_are_hidden_however_they_are_written(text):
     token = "hpo_" + "Ab3_-" * 9  # the shape of hpo token create's tokens
     line = logs.redact(text.format(t=token, rest=token[4:]))
     assert token[4:] not in line and "<hidden>" in line, line
+
+
+def _escaped(text: str) -> str:
+    return "".join(f"%{b:02X}" for b in text.encode())
+
+
+@pytest.mark.parametrize("form", [
+    lambda t: "%68" + t[1:],  # its first letter escaped
+    lambda t: t[:9] + "%2D" + t[10:],  # a letter in the middle
+    _escaped,  # every character
+    lambda t: "%2568" + t[1:],  # an escape of an escape
+    lambda t: t[:4] + _escaped(t[4:12]) + t[12:],
+])
+def test_tokens_written_with_percent_escapes_are_hidden(form):
+    # the access log holds the request line as the client wrote it: ?k=%68po_... kept the
+    # whole token
+    token = "hpo_" + "Ab3_-" * 9
+    line = logs.redact(f'"GET /healthz?k={form(token)} HTTP/1.1" 200')
+    for _ in range(3):
+        line = unquote(line)
+    assert token[4:] not in line and "<hidden>" in line, line
+
+
+def test_a_line_without_a_secret_keeps_its_escapes():
+    line = '"GET /v1/studies?owner=a%20b&q=%68po_short HTTP/1.1" 200'
+    assert logs.redact(line) == line
 
 
 def test_text_tracebacks_hide_tokens_too():
