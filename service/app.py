@@ -26,7 +26,7 @@ from service.deps import Components
 from service.health import Readiness
 from service.logs import RequestId
 from service.metrics import HttpMetrics, Metrics
-from service.middleware import BodyLimit, MethodGuard
+from service.middleware import BodyLimit, MethodGuard, SecurityHeaders
 from service.openapi import install_openapi
 from service.routers import audit, health, metrics, models, studies, tasks, tokens
 from service.settings import Settings
@@ -113,6 +113,7 @@ def create_app(settings: Settings | None = None,
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s)
     app.add_middleware(MethodGuard, routes=api_routes)
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(HttpMetrics, metrics=app.state.metrics)
     app.add_middleware(RequestId)  # outermost: every log line of a request carries its id
     return app

@@ -1,5 +1,6 @@
 """ASGI middleware: unsupported methods (405), the request body's size limit (413) and time
-limit (408). Token redaction in logs is :mod:`service.logs`."""
+limit (408), and the security headers of every answer. Token redaction in logs is
+:mod:`service.logs`."""
 
 from __future__ import annotations
 
@@ -133,3 +134,47 @@ class BodyLimit:
                                   f"the request body is over {self.max_bytes} bytes",
                                   headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+class SecurityHeaders:
+    """Adds to every answer what a browser needs to keep another site's page from using it:
+    ``X-Content-Type-Options: nosniff`` (a served file, a model or a CSV, is never run as
+    what it looks like), ``X-Frame-Options: SAMEORIGIN`` and, in a
+    ``Content-Security-Policy`` that names no ``frame-ancestors`` (optuna-dashboard's),
+    ``frame-ancestors 'self'`` (another origin, another port of the same host included,
+    cannot frame the logged-in dashboard); and drops ``Access-Control-Allow-Origin``, which
+    optuna-dashboard sends as ``*`` on its artifacts: the service answers no cross-origin
+    reads."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": secure_headers(message.get("headers", []))}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def secure_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` (an ASGI answer's) as :class:`SecurityHeaders` sends them."""
+    out, names = [], set()
+    for name, value in headers:
+        low = name.lower()
+        if low == b"access-control-allow-origin":
+            continue
+        if low == b"content-security-policy" and b"frame-ancestors" not in value:
+            value = value.rstrip(b"; ") + b"; frame-ancestors 'self'"
+        out.append((name, value))
+        names.add(low)
+    if b"x-content-type-options" not in names:
+        out.append((b"x-content-type-options", b"nosniff"))
+    if b"x-frame-options" not in names:
+        out.append((b"x-frame-options", b"SAMEORIGIN"))
+    return out
