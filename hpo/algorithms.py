@@ -6,6 +6,7 @@ options are errors); budgets of schedulers count optimizer updates.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -175,21 +176,56 @@ class FifoSchedulerSpec(Strict):
     name: Literal["fifo"]
 
 
+MAX_RUNGS = 100
+"""Most rungs a successive-halving schedule may have (per bracket; Hyperband: brackets).
+Ray's schedulers, and ``hpo.tune.mo_asha``, build every rung up front: a
+``reduction_factor`` just above 1 gave millions (1.00000001 up to 1000 updates: 7 million,
+gigabytes, a driver killed for memory). 100 rungs of factor 1.1 span 13,780x."""
+
+
+def rung_count(grace_period: int, max_t: int, reduction_factor: float) -> int:
+    """The rungs ``grace_period * reduction_factor**k`` below ``max_t`` (k = 0, 1, ...)."""
+    if max_t <= grace_period:
+        return 0
+    return math.ceil(math.log(max_t / grace_period) / math.log(reduction_factor))
+
+
+def rungs_problem(grace_period: int, max_t: int, reduction_factor: float,
+                  where: str = "max_t") -> str | None:
+    """Why the rungs of a schedule are too many (:data:`MAX_RUNGS`), or None."""
+    n = rung_count(grace_period, max_t, reduction_factor)
+    if n <= MAX_RUNGS:
+        return None
+    least = (max_t / grace_period) ** (1 / MAX_RUNGS)
+    return (f"{reduction_factor!r} makes {n} rungs from {grace_period} to {where} "
+            f"({max_t}): at most {MAX_RUNGS}; use a reduction_factor of at least "
+            f"{math.ceil(least * 1000) / 1000:g}")
+
+
 class _SuccessiveHalving(Strict):
     """The rungs both ASHA schedulers share: ``grace_period * reduction_factor**k`` updates
-    below ``max_t``."""
+    below ``max_t``, at most :data:`MAX_RUNGS` of them."""
 
     max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT,
                                     description="default: the trials' planned updates")
     grace_period: StrictInt = Field(1, ge=1, le=MAX_COUNT)
     reduction_factor: StrictFloat = Field(4, gt=1, le=MAX_COUNT)
 
+    @field_validator("reduction_factor")
+    @classmethod
+    def _few_rungs(cls, v: float, info: ValidationInfo) -> float:
+        max_t, grace = info.data.get("max_t"), info.data.get("grace_period")
+        if max_t is not None and grace is not None and (why := rungs_problem(grace, max_t, v)):
+            raise ValueError(why)
+        return v
+
 
 class AshaSchedulerSpec(_SuccessiveHalving):
     """Asynchronous successive halving (Li et al., 2020), Ray's ``AsyncHyperBandScheduler``."""
 
     name: Literal["asha"]
-    brackets: StrictInt = Field(1, ge=1, le=MAX_COUNT)
+    # Ray builds every bracket's rungs up front: 100,000 brackets took 200 MB
+    brackets: StrictInt = Field(1, ge=1, le=MAX_RUNGS)
 
 
 class MoAshaSchedulerSpec(_SuccessiveHalving):
@@ -204,6 +240,15 @@ class HyperbandSchedulerSpec(Strict):
     name: Literal["hyperband"]
     max_t: StrictInt | None = Field(None, ge=1, le=MAX_COUNT)
     reduction_factor: StrictFloat = Field(3, gt=1, le=MAX_COUNT)
+
+    @field_validator("reduction_factor")
+    @classmethod
+    def _few_brackets(cls, v: float, info: ValidationInfo) -> float:
+        # Ray's brackets: round(log(max_t) / log(reduction_factor)) + 1
+        max_t = info.data.get("max_t")
+        if max_t is not None and (why := rungs_problem(1, max_t, v)):
+            raise ValueError(why)
+        return v
 
 
 class MedianSchedulerSpec(Strict):

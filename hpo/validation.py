@@ -24,7 +24,7 @@ from hpo.algochecks import (
     SINGLE_OBJECTIVE_SAMPLERS,
     check_sampler_and_scheduler,
 )
-from hpo.algorithms import MAX_COUNT
+from hpo.algorithms import MAX_COUNT, rungs_problem
 from hpo.errors import SpecError, public_message
 from hpo.params import CategoricalParam, FloatParam, IntParam
 from hpo.spec import (
@@ -384,20 +384,24 @@ def check_budgets(spec: StudySpec) -> None:
     request thread nor inside ``parse_spec``.
 
     Raises:
-        SpecError: ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, or a PBT/PB2
+        SpecError: ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, a
+            ``reduction_factor`` that makes more than :data:`hpo.algorithms.MAX_RUNGS`
+            rungs up to ``max_t`` (ASHA, MO-ASHA, Hyperband), or a PBT/PB2
             ``perturbation_interval`` not below the trials' planned updates.
     """
     s = spec.scheduler
-    if s.name not in ("asha", "mo-asha", *POPULATION_SCHEDULERS):
+    if s.name not in ("asha", "mo-asha", "hyperband", *POPULATION_SCHEDULERS):
         return
     task, config = trainers.create(spec.task, spec.config)
     planned = trainers.planned_updates(task, config)
-    if s.name in ("asha", "mo-asha"):
+    if s.name in ("asha", "mo-asha", "hyperband"):
         max_t = s.max_t or planned
-        if s.grace_period > max_t:
-            where = "max_t" if s.max_t else "the trials' planned updates"
-            raise SpecError.at("scheduler.grace_period",
-                               f"{s.grace_period} is beyond {where} ({max_t})")
+        where = "max_t" if s.max_t else "the trials' planned updates"
+        grace = getattr(s, "grace_period", 1)  # Hyperband's least rung: 1 update
+        if grace > max_t:
+            raise SpecError.at("scheduler.grace_period", f"{grace} is beyond {where} ({max_t})")
+        if why := rungs_problem(grace, max_t, s.reduction_factor, where):
+            raise SpecError.at("scheduler.reduction_factor", why)
     elif s.perturbation_interval >= planned:
         raise SpecError.at("scheduler.perturbation_interval",
                            f"{s.perturbation_interval} is not below the trials' {planned} "

@@ -145,3 +145,47 @@ def test_a_mapping_of_more_keys_than_any_field_has_is_refused_before_validation(
         parent[key] = wide
     assert _errors(spec) == [{"loc": where,
                               "msg": f"has {len(wide):,} keys; at most {MAX_KEYS:,}"}]
+
+
+@pytest.mark.parametrize(("scheduler", "problem"), [
+    # a factor just above 1 built 7 million rungs per million updates (gigabytes): the driver
+    # was killed for memory (Ray's ASHA and Hyperband the same)
+    ({"name": "asha", "reduction_factor": 1.00000001, "max_t": 1000},
+     ("scheduler.reduction_factor", "1.00000001 makes 690775536 rungs from 1 to max_t (1000): "
+      "at most 100; use a reduction_factor of at least 1.072")),
+    ({"name": "mo-asha", "reduction_factor": 1.01, "max_t": 10**6, "grace_period": 10},
+     ("scheduler.reduction_factor", "1.01 makes 1158 rungs from 10 to max_t (1000000): at most "
+      "100; use a reduction_factor of at least 1.123")),
+    ({"name": "hyperband", "reduction_factor": 1.001, "max_t": 10**6},
+     ("scheduler.reduction_factor", "1.001 makes 13823 rungs from 1 to max_t (1000000): at "
+      "most 100; use a reduction_factor of at least 1.149")),
+    ({"name": "asha", "brackets": 101}, ("scheduler.brackets",
+                                         "Input should be less than or equal to 100")),
+])
+def test_a_schedule_of_more_than_100_rungs_is_refused_naming_the_factor(scheduler, problem):
+    assert [(e["loc"], e["msg"]) for e in _errors({**BASE, "scheduler": scheduler},
+                                                  check_task=False)] == [problem]
+
+
+@pytest.mark.parametrize("scheduler", [
+    {"name": "asha", "reduction_factor": 1.1, "max_t": 13780},  # 100 rungs: the most
+    {"name": "hyperband", "reduction_factor": 2, "max_t": 2**31 - 1},
+    {"name": "asha", "brackets": 100, "max_t": 10},
+])
+def test_a_schedule_of_at_most_100_rungs_is_taken(scheduler):
+    parse_spec({**BASE, "scheduler": scheduler}, check_task=False)
+
+
+@pytest.mark.parametrize("name", ["asha", "mo-asha", "hyperband"])
+def test_the_rungs_up_to_the_planned_updates_are_counted_when_the_study_starts(name):
+    from hpo.validation import check_budgets
+
+    objective = ([{"metric": "val_accuracy"}, {"metric": "val_loss", "direction": "minimize"}]
+                 if name == "mo-asha" else {"metric": "val_accuracy"})
+    spec = parse_spec({**BASE, "objective": objective,
+                       "scheduler": {"name": name, "reduction_factor": 1.001}})
+    with pytest.raises(SpecError) as info:
+        check_budgets(spec)
+    assert [e["loc"] for e in info.value.errors] == ["scheduler.reduction_factor"]
+    assert "rungs from 1 to the trials' planned updates (23): at most 100" in \
+        info.value.errors[0]["msg"]
