@@ -92,4 +92,7 @@ def enqueue_warm_start(record: StudyRecord, *, look_up: bool = True) -> int:
     for params, source in points:
         record.study.enqueue_trial(params, user_attrs={"warm_start": source})
     record.study.set_user_attr("warm_start", [source for _, source in points])
+    if record.listener is not None:  # WAITING until asked: the summary counts them
+        for trial in record.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            record.listener.trial_changed(trial)
     return len(points)

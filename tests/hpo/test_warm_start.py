@@ -77,3 +77,23 @@ def test_an_earlier_study_s_top_trials_are_its_feasible_ones(sqlite_url):
     spec = toy_spec("warm", warm_start=[{"study": "bounded", "top_k": 2}])
     assert warm_start_points(spec, source._storage) == [
         ({"quality": 2.0}, "study:bounded#1"), ({"quality": 3.0}, "study:bounded#2")]
+
+
+def test_the_enqueued_points_count_as_waiting_in_the_summary(sqlite_url):
+    # a study stopped by stop_when before its warm-start points ran showed 'waiting: 0'
+    # beside three WAITING trials: the enqueued trials never reached the summary
+    from hpo.record import StudyRecord
+    from hpo.storage import open_storage
+    from hpo.summary import SummaryTracker
+    from hpo.warmstart import enqueue_warm_start
+
+    storage = open_storage(sqlite_url)
+    spec = toy_spec("counted", budget={"n_trials": 4}, warm_start=[
+        {"params": {"quality": 0.25}}, {"params": {"quality": 0.5}}])
+    tracker = SummaryTracker(["minimize"], 1.0)
+    record = StudyRecord(spec, storage, listener=tracker)
+    assert enqueue_warm_start(record) == 2
+    assert tracker.summary().counts.waiting == 2
+    record.ask("r0")  # the first point is asked: running now, one still waiting
+    counts = tracker.summary().counts
+    assert (counts.waiting, counts.running) == (1, 1)
