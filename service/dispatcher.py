@@ -48,6 +48,7 @@ from sqlalchemy.orm import sessionmaker
 from hpo.errors import StorageError
 from hpo.lease import holder_gone, take, while_held
 from hpo.spec import load_stored
+from hpo.stopping import STOP_REASON_ATTR
 from hpo.study import fail_running_trials
 from hpo.summary import StudySummary, devices_held
 from service import quotas
@@ -355,7 +356,10 @@ class Dispatcher:
             spec = load_stored(row.spec)
             fail_running_trials(storage, row.name, reason, devices_held(spec.resources),
                                 row.ended_at.astimezone().replace(tzinfo=None))  # as Optuna's
-            replace_failed_summary(self.sessions, row.name, compute_summary(storage, row))
+            fired = storage.get_study_user_attrs(storage.get_study_id_from_name(row.name)
+                                                 ).get(STOP_REASON_ATTR)
+            replace_failed_summary(self.sessions, row.name, compute_summary(storage, row),
+                                   fired if isinstance(fired, str) else None)
         except Exception:  # noqa: BLE001 - a storage outage: the trials stay RUNNING
             log.exception("study %s: cannot end the trials its driver left running", row.name)
 

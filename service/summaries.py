@@ -41,10 +41,17 @@ def summary_writer(sessions: sessionmaker, name: str,
     return write
 
 
-def replace_failed_summary(sessions: sessionmaker, name: str, summary: StudySummary) -> None:
-    """Write ``summary`` as the FAILED study ``name``'s, whatever it had (its driver is gone);
-    nothing once the study is no longer FAILED (a delete marked it DELETING meanwhile)."""
-    _upsert(sessions, summary, StudyRow.name == name, StudyRow.status == Status.FAILED)
+def replace_failed_summary(sessions: sessionmaker, name: str, summary: StudySummary,
+                           stop_reason: str | None = None) -> None:
+    """Write ``summary`` as the FAILED study ``name``'s, whatever it had (its driver is gone),
+    and ``stop_reason`` (the ``budget.stop_when`` rule that fired before it died, as the
+    Optuna study keeps it), if any; nothing once the study is no longer FAILED (a delete
+    marked it DELETING meanwhile)."""
+    where = (StudyRow.name == name, StudyRow.status == Status.FAILED)
+    _upsert(sessions, summary, *where)
+    if stop_reason is not None:
+        with sessions.begin() as session:
+            session.execute(sa.update(StudyRow).where(*where).values(stop_reason=stop_reason))
 
 
 def _upsert(sessions: sessionmaker, summary: StudySummary, *where) -> None:

@@ -216,6 +216,28 @@ def test_the_trials_a_dead_driver_left_running_end_failed_with_its_reason_and_us
         2.5 + sum(t.user_attrs["device_seconds"] for t in trials[1:]), abs=1e-6)
 
 
+def test_a_driver_killed_after_its_stop_rule_fired_keeps_the_rule_in_its_study(world):
+    """Found by the breaker: ``kill -9`` of a driver after ``stop_when`` fired (a trial
+    still running) left the study FAILED with ``stop_reason`` null over REST, while the
+    Optuna study kept the rule that fired."""
+    app, submit, dispatcher = world
+    submit("fired")
+    d = dispatcher()
+    d.run_once()
+    c = app.state.components
+    study = optuna.load_study(study_name="fired", storage=c.studies.storage)
+    reason = "stop_when.target: trial 0's val_accuracy 0.9 reached the target 0.5"
+    study.set_user_attr("stop_reason", reason)
+    study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 0.1, log=True)})
+    d.drivers["fired"].proc.kill()
+    d.drivers["fired"].proc.wait()
+    d.reap()
+    answer = TestClient(app).get("/v1/studies/fired", headers=bearer(
+        create_token(c.sessions, "reader", admin=True))).json()
+    assert (answer["status"], answer["stop_reason"]) == ("FAILED", reason)
+    assert answer["error"].startswith("the study driver ended with signal SIGKILL")
+
+
 def test_start_up_ends_the_trials_left_running_in_studies_that_failed_before(world):
     """A study that ended FAILED with RUNNING trials under an earlier version (the breaker's
     ``k-a`` kept its trial RUNNING across restarts): the next start ends them FAIL."""
