@@ -82,7 +82,7 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
         if value is not None and target is not None and (
                 value >= target if maximize else value <= target):
             return (f"stop_when.target: trial {t.number}'s {metric} {_fmt(value)} reached "
-                    f"the target {_fmt(target)} ({count} trials finished)")
+                    f"the target {_fmt(target)} ({_trials(count)} finished)")
         if value is not None and (best is None or (
                 value > best.values[0] + min_delta if maximize
                 else value < best.values[0] - min_delta)):
@@ -91,14 +91,18 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
         since += 1
         if no_improvement_trials is not None and since >= no_improvement_trials:
             if best is None:
-                return (f"stop_when.no_improvement_trials: {since} trials finished, none of "
-                        f"them COMPLETE{' and feasible' if infeasible else ''} ({count} "
-                        "trials finished)")
+                return (f"stop_when.no_improvement_trials: {_trials(since)} finished, none "
+                        f"of them COMPLETE{' and feasible' if infeasible else ''} "
+                        f"({_trials(count)} finished)")
             delta = f" by more than {_fmt(min_delta)}" if min_delta else ""
-            return (f"stop_when.no_improvement_trials: {since} trials finished since trial "
-                    f"{best.number} set the best {metric} {_fmt(best.values[0])}, none "
-                    f"improving it{delta} ({count} trials finished)")
+            return (f"stop_when.no_improvement_trials: {_trials(since)} finished since "
+                    f"trial {best.number} set the best {metric} {_fmt(best.values[0])}, none "
+                    f"improving it{delta} ({_trials(count)} finished)")
     return None
+
+
+def _trials(n: int) -> str:
+    return f"{n} trial" if n == 1 else f"{n} trials"
 
 
 class StudyStopRule:

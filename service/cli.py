@@ -354,7 +354,7 @@ def stop(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
 
 def best(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """The best trial of a study (the Pareto front for several objectives)."""
-    from service.client import ApiError
+    from service.client import ENDED, ApiError
 
     try:
         study = _client(url, token).study(name)
@@ -362,7 +362,8 @@ def best(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
         _fail(e)
     if not study["best_trials"]:
         feasible = " and feasible" if study["spec"].get("constraints") else ""
-        err.print(f"study {name} has no complete{feasible} trial yet")
+        yet = "" if study["status"] in ENDED else " yet"
+        err.print(f"study {name} has no complete{feasible} trial{yet}")
         raise typer.Exit(1)
     _print_best(study)
 

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from hpo.models import model_meta
 from service.api_errors import documented as errors
 from service.auth import Principal
+from service.db import ENDED
 from service.deps import ComponentsDep, Reader, StudiesDep
 from service.errors import TrialNotFound
 from service.routers.studies import StudyName, TrialNumber
@@ -44,9 +45,13 @@ def _no_model(studies: StudyService, who: Principal, name: str, what: str) -> Tr
                          f"models of its best {keep} COMPLETE trials (spec field keep_models)")
 
 
-def _feasible(studies: StudyService, who: Principal, name: str) -> str:
-    """`` and feasible`` where the study has constraints (its best trials are feasible)."""
-    return " and feasible" if studies.view(who, name).row.spec.get("constraints") else ""
+def _no_best(studies: StudyService, who: Principal, name: str) -> str:
+    """Why ``name`` has no best trial: none COMPLETE (and feasible, where the study has
+    constraints), ``yet`` while it may still get one."""
+    row = studies.view(who, name).row
+    feasible = " and feasible" if row.spec.get("constraints") else ""
+    yet = "" if row.status in ENDED else " yet"
+    return f"study {name!r} has no COMPLETE{feasible} trial{yet}, so no model"
 
 
 def _trial_model(studies: StudyService, who: Principal, name: str,
@@ -65,8 +70,7 @@ def _trial_model(studies: StudyService, who: Principal, name: str,
             if meta is not None:
                 return trial, meta
         if not numbers:
-            raise TrialNotFound(f"study {name!r} has no COMPLETE{_feasible(studies, who, name)} "
-                                "trial yet, so no model")
+            raise TrialNotFound(_no_best(studies, who, name))
         raise _no_model(studies, who, name, "the best trial")
     trial = studies.trial(who, name, number)
     meta = model_meta(studies.storage, trial, name)

@@ -45,7 +45,7 @@ def test_the_target_fires_at_the_first_complete_trial_reaching_it():
                        target=0.3) is None
     assert stop_reason([_trial(0, C, 0.3)], metric="val_loss", maximize=False,
                        target=0.3) == ("stop_when.target: trial 0's val_loss 0.3 reached the "
-                                       "target 0.3 (1 trials finished)")
+                                       "target 0.3 (1 trial finished)")
 
 
 def test_no_improvement_counts_finished_trials_since_the_best_by_more_than_min_delta():
@@ -74,6 +74,9 @@ def test_trials_count_in_the_order_they_finished_not_by_number():
     assert stop_reason([_trial(0, P), _trial(1, P)], **rule) == (
         "stop_when.no_improvement_trials: 2 trials finished, none of them COMPLETE "
         "(2 trials finished)")
+    assert stop_reason([_trial(0, P)], **{**rule, "no_improvement_trials": 1}) == (
+        "stop_when.no_improvement_trials: 1 trial finished, none of them COMPLETE "
+        "(1 trial finished)")
 
 
 def test_an_infeasible_trial_fires_no_target_and_sets_no_best():

@@ -8,6 +8,7 @@ import sys
 
 import optuna
 import pytest
+import sqlalchemy as sa
 import torch
 from typer.testing import CliRunner
 
@@ -17,6 +18,7 @@ from hpo.models import ModelKeeper, artifact_store, model_meta
 from hpo.record import StudyRecord
 from hpo.spec import parse_spec
 from service.auth import create_token
+from service.db import Status, StudyRow
 from tests.service.conftest import bearer, record_summary, tiny_spec
 from trainers.checkpoint import latest_checkpoint
 from trainers.model_file import FORMAT, load_model_file
@@ -103,11 +105,16 @@ def test_a_trial_without_a_kept_model_or_unknown_answers_404_saying_why(client, 
         f"study {NAME!r} has no trial 99"
 
 
-def test_a_study_without_complete_trials_has_no_best_model(client, tokens):
+def test_a_study_without_complete_trials_has_no_best_model(client, tokens, app):
     client.post("/v1/studies", json=tiny_spec("empty"), headers=bearer(tokens["alice"]))
     r = client.get("/v1/studies/empty/model", headers=bearer(tokens["alice"]))
     assert r.status_code == 404
     assert r.json()["error"]["message"] == "study 'empty' has no COMPLETE trial yet, so no model"
+    with app.state.components.sessions.begin() as session:  # it ended: no "yet"
+        session.execute(sa.update(StudyRow).where(StudyRow.name == "empty").values(
+            status=Status.COMPLETED))
+    r = client.get("/v1/studies/empty/model", headers=bearer(tokens["alice"]))
+    assert r.json()["error"]["message"] == "study 'empty' has no COMPLETE trial, so no model"
 
 
 def test_the_dashboard_lists_and_serves_the_artifact_to_its_owner_only(client, world):
