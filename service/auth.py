@@ -105,7 +105,9 @@ def create_token(sessions: sessionmaker, name: str, *, admin: bool = False,
     Raises:
         ValueError: ``name`` does not match ``TOKEN_NAME_PATTERN``; an unknown role;
             ``admin=True`` with another role; ``expires_at`` naive.
-        TokenExists: a token of that name exists (revoked ones included).
+        TokenExists: a token of that name exists (revoked ones included), or of a name
+            that differs only in case (``Alice`` beside ``alice``: audit rows and study
+            owners show the name alone).
     """
     check_token_name(name)
     role = parse_role(admin, role)
@@ -113,6 +115,11 @@ def create_token(sessions: sessionmaker, name: str, *, admin: bool = False,
         raise ValueError("expires_at must carry a time zone")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with sessions() as session:
+        alike = session.execute(sa.select(TokenRow.name).where(
+            sa.func.lower(TokenRow.name) == name.lower())).scalars().first()
+        if alike is not None:
+            raise TokenExists(f"a token named {alike!r} exists" + (
+                "" if alike == name else "; names must differ by more than case"))
         session.add(TokenRow(name=name, token_hash=hash_token(token), role=role.value,
                              is_admin=role == Role.ADMIN, expires_at=expires_at))
         try:

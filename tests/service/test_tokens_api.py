@@ -55,6 +55,10 @@ def test_an_admin_creates_a_token_whose_secret_is_shown_once_and_works(client, t
     listed = client.get("/v1/tokens", headers=admin)
     assert secret not in listed.text and all("token" not in t for t in listed.json()["items"])
     assert client.post("/v1/tokens", json={"name": "carol"}, headers=admin).status_code == 409
+    for lookalike in ("Carol", "CAROL"):  # owners and audit rows show the name alone
+        r = client.post("/v1/tokens", json={"name": lookalike, "role": "admin"}, headers=admin)
+        assert r.status_code == 409 and r.json()["error"]["message"] == (
+            "a token named 'carol' exists; names must differ by more than case")
     bad = client.post("/v1/tokens", json={"name": "../x", "role": "root"}, headers=admin)
     assert bad.status_code == 422
     assert {d["loc"] for d in bad.json()["error"]["details"]} == {"body.name", "body.role"}
