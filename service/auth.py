@@ -124,8 +124,9 @@ def create_token(sessions: sessionmaker, name: str, *, admin: bool = False,
                              is_admin=role == Role.ADMIN, expires_at=expires_at))
         try:
             session.commit()
-        except sqlalchemy.exc.IntegrityError:
-            raise TokenExists(f"a token named {name!r} exists") from None
+        except sqlalchemy.exc.IntegrityError:  # a concurrent create: the name, or its case
+            raise TokenExists(f"a token named {name!r} exists, or one whose name differs "
+                              "only in case") from None
     return token
 
 

@@ -91,6 +91,9 @@ class TokenRow(Base):
     revoked token keeps its row (its studies name it as their owner)."""
 
     __tablename__ = "hpo_tokens"
+    # names differ by more than case (migration 0006)
+    __table_args__ = (sa.Index("ix_hpo_tokens_name_lower", sa.text("lower(name)"),
+                               unique=True),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(64), unique=True)

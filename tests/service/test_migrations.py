@@ -7,6 +7,7 @@ outdated database is refused unless auto-migration is on."""
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +18,10 @@ from typer.testing import CliRunner
 
 from service import migrate
 from service.db import Base, UTCDateTime, build_engine
+
+# SQLite's reflection skips the index on lower(name) (revision 0006), saying so
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Skipped unsupported reflection of expression-based index")
 
 # -- the schema as the version before migrations made it (create_all of its models) --------
 LEGACY = sa.MetaData()
@@ -80,7 +85,10 @@ def _schema_diff(engine) -> list:
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={
             "include_name": lambda name, kind, _: kind != "table" or name.startswith("hpo_")})
-        diff = compare_metadata(context, Base.metadata)
+        with warnings.catch_warnings():  # SQLite's: an index on lower(name) is not compared
+            warnings.filterwarnings("ignore", "autogenerate skipping metadata-specified "
+                                    "expression-based index", UserWarning)
+            diff = compare_metadata(context, Base.metadata)
     return [d for d in diff if not (isinstance(d, tuple) and d[0] == "remove_table"
                                     and d[1].name == migrate.VERSION_TABLE)]
 
@@ -239,3 +247,26 @@ def test_a_bad_hpo_port_is_one_line_naming_the_variable(monkeypatch):
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert lines == ["error: HPO_PORT must be an integer, got 'abc'"], result.output
+
+
+@pytest.mark.parametrize("clash", [False, True])
+def test_revision_0006_makes_token_names_unique_whatever_their_case(engine, clash, caplog):
+    with engine.begin() as conn:
+        command.upgrade(migrate._config(conn), "0005")
+        names = ["alice", "Alice"] if clash else ["alice", "bob"]
+        for i, name in enumerate(names):
+            conn.execute(sa.text("INSERT INTO hpo_tokens (name, token_hash, is_admin, "
+                                 "created_at, role) VALUES (:n, :h, false, :t, 'member')"),
+                         {"n": name, "h": f"h{i}", "t": "2026-01-01 00:00:00"})
+    with caplog.at_level("WARNING", logger="service.migrate"):
+        migrate.prepare(engine, auto=True)  # a database with both names still upgrades
+    assert migrate.current(engine) == migrate.head()
+    assert ("differing only in case (alice)" in caplog.text) is clash
+    insert = sa.text("INSERT INTO hpo_tokens (name, token_hash, is_admin, created_at, role) "
+                     "VALUES ('ALICE', 'h9', false, '2026-01-01 00:00:00', 'member')")
+    if clash:  # no index (SQLite's inspector cannot list one on an expression)
+        with engine.begin() as conn:
+            conn.execute(insert)
+    else:
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(insert)

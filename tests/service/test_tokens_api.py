@@ -273,3 +273,31 @@ def test_token_commands_refuse_an_outdated_database_in_one_line(tmp_path, monkey
         r = CliRunner().invoke(hpo_app, ["token", *argv])
         assert r.exit_code == 1 and "run `hpo db upgrade`" in r.output, (argv, r.output)
         assert "Traceback" not in r.output
+
+
+def test_concurrent_creates_of_names_differing_in_case_make_one_token(app):
+    """Found by the breaker: the service's check and its insert are two statements, so two
+    creates at once (carol, CAROL) both passed the check; the database's unique index on
+    lower(name) now refuses the second."""
+    import threading
+
+    from service.auth import create_token
+    from service.errors import TokenExists
+
+    sessions = app.state.components.sessions
+    for i in range(5):
+        barrier, made, refused = threading.Barrier(2), [], []
+
+        def create(name, barrier=barrier, made=made, refused=refused):
+            barrier.wait()
+            try:
+                made.append(create_token(sessions, name))
+            except TokenExists as e:
+                refused.append(str(e))
+
+        threads = [threading.Thread(target=create, args=(n,)) for n in (f"c{i}", f"C{i}")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert (len(made), len(refused)) == (1, 1), refused
