@@ -23,7 +23,7 @@ import logging
 import re
 import sys
 import uuid
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -37,6 +37,7 @@ _bound: dict[str, object] = {}  # process-wide context (a driver process's study
 # bearer credential (also Bearer%20...) and a token= query value (also token%3D...)
 SECRET = re.compile(r"(?P<keep>token(?:=|%3D)|Bearer(?:\s|%20|\+)+)[^&\s\"',]+"
                     r"|hpo(?:_|%5F)[A-Za-z0-9_\-]{20,}", re.IGNORECASE)
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # what may break or paint a line
 REQUEST_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 
 
@@ -44,8 +45,9 @@ def redact(text: str) -> str:
     """``text`` with tokens, bearer credentials and ``token=`` values replaced by ``<hidden>``.
 
     A line with percent-escapes (a request line as the client wrote it: ``?k=%68po_...``)
-    is matched decoded, as the server reads it; where that hides something, the decoded
-    line is what is logged.
+    is matched decoded too, as the server reads it; where only the decoded line shows a
+    secret, it is logged decoded, with its control characters escaped again (``%0A``,
+    ``%1B``): one request, one log line, no terminal escapes.
     """
     out = SECRET.sub(_hidden, text)
     decoded = out
@@ -53,8 +55,8 @@ def redact(text: str) -> str:
         if "%" not in decoded or (again := unquote(decoded)) == decoded:
             break
         decoded = again
-        if SECRET.search(decoded):
-            return SECRET.sub(_hidden, decoded)
+        if (hidden := SECRET.sub(_hidden, decoded)) != decoded:
+            return CONTROL.sub(lambda m: quote(m.group(), safe=""), hidden)
     return out
 
 

@@ -154,6 +154,20 @@ def test_tokens_written_with_percent_escapes_are_hidden(form):
     assert token[4:] not in line and "<hidden>" in line, line
 
 
+@pytest.mark.parametrize(("line", "logged"), [
+    # found by the breaker: any token= made the whole line decoded, so %0A forged a second
+    # log line and %1B reached the terminal
+    ('"GET /readyz?token=x&n=%0A2026-12-06 INFO forged%1b[2J HTTP/1.1" 200',
+     '"GET /readyz?token=<hidden>&n=%0A2026-12-06 INFO forged%1b[2J HTTP/1.1" 200'),
+    ('"GET /x?k=%68po_{rest}&n=%0Aforged%1B[2J%E2%80%A8 HTTP/1.1" 200',
+     '"GET /x?k=<hidden>&n=%0Aforged%1B[2J%E2%80%A8 HTTP/1.1" 200'),
+    ('"GET /v1/a%2Fb HTTP/1.1" Bearer {t}', '"GET /v1/a%2Fb HTTP/1.1" Bearer <hidden>'),
+])
+def test_a_decoded_line_stays_one_line_without_control_characters(line, logged):
+    token = "hpo_" + "Ab3_-" * 9
+    assert logs.redact(line.format(t=token, rest=token[4:])) == logged
+
+
 def test_a_line_without_a_secret_keeps_its_escapes():
     line = '"GET /v1/studies?owner=a%20b&q=%68po_short HTTP/1.1" 200'
     assert logs.redact(line) == line
