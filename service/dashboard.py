@@ -89,7 +89,12 @@ from starlette.responses import Response
 from service import dashboard_login, optuna_sql
 from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve
-from service.dashboard_input import input_problem, replaying, with_accept_encoding
+from service.dashboard_input import (
+    input_problem,
+    replaying,
+    study_exists,
+    with_accept_encoding,
+)
 from service.db import StudyRow
 from service.errors import NotAuthenticated
 from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
@@ -231,6 +236,10 @@ class DashboardGate:
             if not MIN_ID <= route.args.get(name, 0) <= MAX_ID:
                 return error_response(404, "not_found", f"no {name[:-3]} with id "
                                       f"{route.args[name]}")
+        if "study_id" in route.args and self._sees_all(who) and not await study_exists(
+                self.sessions, route.args["study_id"]):  # (a member's: not owned, below)
+            return error_response(404, "not_found", f"no study with id "
+                                  f"{route.args['study_id']}")
         if route.access is Access.NOTE and not await self._managed(route.args["study_id"]):
             return error_response(403, "forbidden", FOREIGN)
         if route.access is Access.PAGE:

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service import optuna_sql
 from service.api_errors import error_response
 
 # optuna-dashboard 0.21's get_plot kinds; any other answers 404
@@ -35,7 +36,11 @@ async def input_problem(rule: str, args: dict, request: Request,
     """A 400 or 404 answer where the request to the route ``rule`` (with its ``args``) is
     malformed; None where optuna-dashboard may run it."""
     if rule in NOTE_RULES:
-        return _note_problem(await request.body(), request.headers.get("content-type", ""))
+        types = request.headers.getlist("content-type")
+        if len(types) > 1:  # the gate and the dashboard could read different ones
+            return error_response(400, "bad_request", "one Content-Type header, not "
+                                  f"{len(types)}")
+        return _note_problem(await request.body(), types[0] if types else "")
     if rule == PLOT_RULE:
         kind = args["plot_type"]
         if kind not in PLOT_KINDS:
@@ -54,10 +59,10 @@ def _note_problem(body: bytes, content_type: str) -> Response | None:
     if content_type.split(";")[0].strip().lower() != "application/json":
         return error_response(415, "unsupported_media_type",
                               "a note is sent as application/json")
-    try:
-        note = json.loads(body)
+    try:  # UTF-8 without a BOM, as optuna-dashboard reads it (json.loads(bytes) would
+        note = json.loads(body.decode("utf-8"))  # take UTF-16 and a BOM)
     except (ValueError, UnicodeDecodeError):
-        return error_response(400, "bad_request", "the body is not JSON")
+        return error_response(400, "bad_request", "the body is not JSON in UTF-8")
     if not isinstance(note, dict):
         return error_response(400, "bad_request", "the body must be a JSON object "
                               "{\"version\": int, \"body\": str}")
@@ -68,6 +73,18 @@ def _note_problem(body: bytes, content_type: str) -> Response | None:
     if not isinstance(text, str):
         return error_response(400, "bad_request", "body: the note's text, a string")
     return None
+
+
+async def study_exists(sessions: sessionmaker, study_id: int) -> bool:
+    """Whether the Optuna study ``study_id`` exists (a token that sees every study is not
+    checked against its owned ones, which would answer 404: optuna-dashboard answers an
+    unknown id 500, ``Record does not exist``, on its plots)."""
+    def query() -> bool:
+        with sessions() as session:
+            return session.execute(sa.select(optuna_sql.studies.c.study_id).where(
+                optuna_sql.studies.c.study_id == study_id)).first() is not None
+
+    return await run_in_threadpool(query)
 
 
 def _objectives(sessions: sessionmaker, study_id: int) -> int:

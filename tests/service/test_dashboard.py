@@ -237,7 +237,7 @@ def test_admin_tokens_can_write_notes_through_the_dashboard(client, tokens, stud
     (b"[]", "application/json", 400, "JSON object"),
     (b"null", "application/json", 400, "JSON object"),
     (b"{", "application/json", 400, "not JSON"),
-    (b"\xff", "application/json", 400, "not JSON"),
+    (b"\xff", "application/json", 400, "not JSON in UTF-8"),
     (b'{"body": "x"}', "application/json", 400, "version"),
     (b'{"version": "1", "body": "x"}', "application/json", 400, "version"),
     (b'{"version": true, "body": "x"}', "application/json", 400, "version"),
@@ -281,6 +281,42 @@ def test_a_pareto_front_of_a_study_without_2_or_3_objectives_answers_400(client,
     assert r.status_code == 404 and "no plot 'nope'" in r.json()["error"]["message"]
     other = client.get(f"/api/studies/{sid}/plot/pareto_front", headers=bearer(tokens["bob"]))
     assert other.status_code == 404  # another owner's study: not found, as every route
+
+
+@pytest.mark.parametrize("path", ["/api/studies/{id}", "/api/studies/{id}/plot/slice",
+                                  "/api/studies/{id}/plot/pareto_front", "/csv/{id}",
+                                  "/api/studies/{id}/param_importances"])
+def test_a_study_id_that_names_nothing_answers_404_to_tokens_that_see_all(client, tokens,
+                                                                          studies, path):
+    # the breaker: an admin's plot of a missing study answered 500 (optuna-dashboard's
+    # "Record does not exist"), its Pareto front 400 ("this study has 0")
+    missing = max(studies.values()) + 1000
+    for who in ("admin", "alice"):
+        r = client.get(path.format(id=missing), headers=bearer(tokens[who]))
+        assert r.status_code == 404, (who, r.text)
+        assert r.json()["error"]["message"] == f"no study with id {missing}"
+
+
+@pytest.mark.parametrize("content_type", [["application/json", "text/plain"],
+                                          ["application/json", "application/json"]])
+def test_a_note_with_two_content_types_is_refused(client, tokens, studies, content_type):
+    # the gate read the first, the dashboard the other: 500
+    headers = [("authorization", f"Bearer {tokens['admin']}"),
+               *(("content-type", t) for t in content_type)]
+    r = client.put(f"/api/studies/{studies[ALICE_STUDY]}/note", headers=headers,
+                   content=b'{"version": 1, "body": "x"}')
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "one Content-Type header, not 2"
+
+
+@pytest.mark.parametrize("body", ['{"version": 1, "body": "x"}'.encode("utf-16"),
+                                  b'\xef\xbb\xbf{"version": 1, "body": "x"}'])
+def test_a_note_not_in_plain_utf8_json_is_refused_in_the_error_shape(client, tokens, studies,
+                                                                     body):
+    r = client.put(f"/api/studies/{studies[ALICE_STUDY]}/note", content=body, headers={
+        **bearer(tokens["admin"]), "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == \
+        "the body is not JSON in UTF-8"
 
 
 def test_a_pareto_front_of_two_objectives_is_drawn(client, tokens, app):
