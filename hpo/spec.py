@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -321,23 +322,37 @@ def _error(err: dict, data: Any) -> dict[str, str]:
             "msg": msg}
 
 
-def _union_members_as_one(errors: list[tuple[tuple, dict[str, str]]]) -> list[dict[str, str]]:
-    """One problem per field where a value fit none of a union's members: pydantic reports
-    each member's failure at its own loc (``..., 'bool'``, ``..., 'int'``), which is the
-    same field path once the member is dropped; those run together read as one message
-    ("Input should be a valid boolean, a valid integer or a valid string")."""
+def _problems(found: list[dict], data: Any) -> list[dict[str, str]]:
+    """Pydantic's errors as the spec's problems, at most :data:`MAX_ERRORS` listed, then
+    how many more. One problem per field where a value fit none of a union's members:
+    pydantic reports each member's failure at its own loc (``..., 'bool'``, ``..., 'int'``),
+    the same field path once the member is dropped; those read as one message ("Input
+    should be a valid boolean, a valid integer or a valid string")."""
     out: list[dict[str, str]] = []
-    raw_of_last: tuple | None = None
     parts: list[str] = []
-    for raw, problem in errors:
-        if out and out[-1]["loc"] == problem["loc"] and raw != raw_of_last:
-            parts.append(problem["msg"])
-            out[-1] = {"loc": problem["loc"], "msg": _either(parts)}
-        else:
-            out.append(problem)
-            parts = [problem["msg"]]
-        raw_of_last = raw
+    for i, err in enumerate(found):
+        if out and _member_of_last(err, found[i - 1]):
+            problem = _error(err, data)
+            if problem["loc"] == out[-1]["loc"]:
+                parts.append(problem["msg"])
+                out[-1] = {"loc": problem["loc"], "msg": _either(parts)}
+                continue
+        if len(out) == MAX_ERRORS:  # the rest counted by their raw locs: no schema walk
+            rest = found[i:]
+            more = 1 + sum(not _member_of_last(e, prev) for prev, e in pairwise(rest))
+            return [*out, more_errors(more)]
+        problem = _error(err, data)
+        out.append(problem)
+        parts = [problem["msg"]]
     return out
+
+
+def _member_of_last(err: dict, last: dict) -> bool:
+    """Whether ``err`` may be another union member's failure of ``last``'s value: its loc
+    differs in the last part alone (the member's tag) and it is no unknown field."""
+    loc, before = err["loc"], last["loc"]
+    return (err["type"] != "extra_forbidden" and len(loc) == len(before) and loc != before
+            and loc[:-1] == before[:-1])
 
 
 def _either(msgs: list[str]) -> str:
@@ -432,11 +447,7 @@ def _validate(data: Mapping[str, Any]) -> StudySpec:
     except ValidationError as e:
         # without the inputs and links: building them for 60,000 unknown keys took 0.1 s
         found = e.errors(include_url=False, include_input=False)
-        errors = _union_members_as_one([(err["loc"], _error(err, data))
-                                        for err in found[:MAX_ERRORS]])
-        if len(found) > MAX_ERRORS:
-            errors.append(more_errors(len(found) - MAX_ERRORS))
-        raise SpecError(errors) from None
+        raise SpecError(_problems(found, data)) from None
 
 
 def load_spec(path: str | Path, *, check_task: bool = True) -> StudySpec:

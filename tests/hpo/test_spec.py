@@ -450,6 +450,27 @@ def test_a_value_no_member_of_a_union_takes_is_one_problem(choices, problems):
     assert [(e["loc"], e["msg"]) for e in info.value.errors] == problems
 
 
+@pytest.mark.parametrize(("n", "listed", "more"), [(30, 30, None), (100, 100, None),
+                                                   (101, 100, 1), (130, 100, 30)])
+def test_union_problems_past_the_first_100_are_counted_as_problems(n, listed, more):
+    # the breaker: the cap cut 100 raw errors (4 per value) before they were merged: 25
+    # problems listed, "and 20 more problems (the first 100 are listed)" for 30
+    from hpo.speclimits import MAX_ERRORS
+
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(warm_start=[{"params": {"lr": [i]}} for i in range(n)]),
+                   check_task=False)
+    errors = info.value.errors
+    assert [e["loc"] for e in errors[:listed]] == [f"warm_start.{i}.params.lr"
+                                                   for i in range(listed)]
+    assert len({e["msg"] for e in errors[:listed]}) == 1
+    if more is None:
+        assert len(errors) == listed
+    else:
+        assert errors[listed:] == [{"loc": "", "msg": f"and {more} more problems (the first "
+                                    f"{MAX_ERRORS} are listed)"}]
+
+
 @pytest.mark.parametrize(("objective", "msg"), [
     ({"foo": 1}, None),
     ([], "must name at least one metric"),
