@@ -16,6 +16,7 @@ under that name).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import optuna
@@ -26,6 +27,8 @@ from hpo.record import SPEC_ATTR, StudyRecord
 from hpo.spec import POPULATION_SCHEDULERS, StudySpec, WarmStartStudy
 from hpo.study import WARM_START_POINTS_ATTR
 from hpo.validation import in_distribution
+
+log = logging.getLogger(__name__)
 
 
 def warm_start_points(spec: StudySpec, storage: optuna.storages.BaseStorage
@@ -89,6 +92,11 @@ def enqueue_warm_start(record: StudyRecord, *, look_up: bool = True) -> int:
     else:
         points = [(dict(e.params), f"points[{i}]") for i, e in enumerate(record.spec.warm_start)
                   if not isinstance(e, WarmStartStudy)]
+        skipped = [e.study for e in record.spec.warm_start if isinstance(e, WarmStartStudy)]
+        if skipped:
+            log.warning("study %s: warm start from %s skipped: its points were not stored when "
+                        "the study was created (by an earlier version); only its own points "
+                        "are tried first", record.spec.name, ", ".join(skipped))
     for params, source in points:
         record.study.enqueue_trial(params, user_attrs={"warm_start": source})
     record.study.set_user_attr("warm_start", [source for _, source in points])

@@ -424,7 +424,8 @@ def test_warm_start_takes_the_points_of_the_study_checked_at_create_not_a_later_
         (bobs.params, f"study:shared#{bobs.number}"), ({"lr": 0.01}, "points[1]")]
 
 
-def test_warm_start_of_a_study_stored_without_its_points_looks_no_name_up(client, tokens, app):
+def test_warm_start_of_a_study_stored_without_its_points_looks_no_name_up(client, tokens, app,
+                                                                         caplog):
     """A service's study made before its points were stored enqueues only its own points."""
     h = bearer(tokens["alice"])
     client.post("/v1/studies", json=tiny_spec("earlier"), headers=h)
@@ -440,5 +441,8 @@ def test_warm_start_of_a_study_stored_without_its_points_looks_no_name_up(client
     from hpo.spec import load_stored
     from hpo.warmstart import enqueue_warm_start
     record = StudyRecord(load_stored(study.user_attrs["hpo_spec"]), storage, compare_spec=False)
-    assert enqueue_warm_start(record, look_up=False) == 1
+    with caplog.at_level("WARNING", logger="hpo.warmstart"):
+        assert enqueue_warm_start(record, look_up=False) == 1
     assert [t.system_attrs["fixed_params"] for t in record.study.trials] == [{"lr": 0.02}]
+    assert "study older: warm start from earlier skipped: its points were not stored" in \
+        caplog.text
