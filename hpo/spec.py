@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -54,8 +53,8 @@ from hpo.algorithms import (
 )
 from hpo.errors import SpecError, printable
 from hpo.params import CategoricalParam, Choice, FloatParam, IntParam, Param
-from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS, key_errors, more_errors, text_errors
-from hpo.specpaths import field_path, walk
+from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS, key_errors, text_errors
+from hpo.specpaths import field_path, problems, walk
 from hpo.spectext import parse_text
 from hpo.suggest import did_you_mean
 
@@ -322,48 +321,6 @@ def _error(err: dict, data: Any) -> dict[str, str]:
             "msg": msg}
 
 
-def _problems(found: list[dict], data: Any) -> list[dict[str, str]]:
-    """Pydantic's errors as the spec's problems, at most :data:`MAX_ERRORS` listed, then
-    how many more. One problem per field where a value fit none of a union's members:
-    pydantic reports each member's failure at its own loc (``..., 'bool'``, ``..., 'int'``),
-    the same field path once the member is dropped; those read as one message ("Input
-    should be a valid boolean, a valid integer or a valid string")."""
-    out: list[dict[str, str]] = []
-    parts: list[str] = []
-    for i, err in enumerate(found):
-        if out and _member_of_last(err, found[i - 1]):
-            problem = _error(err, data)
-            if problem["loc"] == out[-1]["loc"]:
-                parts.append(problem["msg"])
-                out[-1] = {"loc": problem["loc"], "msg": _either(parts)}
-                continue
-        if len(out) == MAX_ERRORS:  # the rest counted by their raw locs: no schema walk
-            rest = found[i:]
-            more = 1 + sum(not _member_of_last(e, prev) for prev, e in pairwise(rest))
-            return [*out, more_errors(more)]
-        problem = _error(err, data)
-        out.append(problem)
-        parts = [problem["msg"]]
-    return out
-
-
-def _member_of_last(err: dict, last: dict) -> bool:
-    """Whether ``err`` may be another union member's failure of ``last``'s value: its loc
-    differs in the last part alone (the member's tag) and it is no unknown field."""
-    loc, before = err["loc"], last["loc"]
-    return (err["type"] != "extra_forbidden" and len(loc) == len(before) and loc != before
-            and loc[:-1] == before[:-1])
-
-
-def _either(msgs: list[str]) -> str:
-    """``["Input should be a", "Input should be b"]`` -> ``"Input should be a or b"``."""
-    head = "Input should be "
-    if all(m.startswith(head) for m in msgs):
-        rest = [m.removeprefix(head) for m in msgs]
-        return head + ", ".join(rest[:-1]) + " or " + rest[-1]
-    return "; or ".join(msgs)
-
-
 def _msg(text: str) -> str:
     return text.removeprefix("Value error, ")
 
@@ -447,7 +404,7 @@ def _validate(data: Mapping[str, Any]) -> StudySpec:
     except ValidationError as e:
         # without the inputs and links: building them for 60,000 unknown keys took 0.1 s
         found = e.errors(include_url=False, include_input=False)
-        raise SpecError(_problems(found, data)) from None
+        raise SpecError(problems(found, lambda err: _error(err, data))) from None
 
 
 def load_spec(path: str | Path, *, check_task: bool = True) -> StudySpec:

@@ -3,8 +3,11 @@ problem by the user's dotted path, not pydantic's ``loc``, which holds union tag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from itertools import pairwise
 from typing import Any
+
+from hpo.speclimits import MAX_ERRORS, more_errors
 
 _WRAPPERS = {"model", "default", "nullable", "function-before", "function-after",
              "function-wrap"}
@@ -66,3 +69,47 @@ def walk(schema: dict, loc: tuple) -> tuple[list[str | int], list[str]]:
         else:
             node = None
     return out, sorted(fields)
+
+
+def problems(found: list[dict], problem_of: Callable[[dict], dict[str, str]]
+             ) -> list[dict[str, str]]:
+    """Pydantic's errors (``ValidationError.errors()``) as a spec's problems, each made by
+    ``problem_of`` (``{"loc": field path, "msg"}``), at most :data:`MAX_ERRORS` listed,
+    then how many more. One problem per field where a value fit none of a union's members:
+    pydantic reports each member's failure at its own loc (``..., 'bool'``, ``..., 'int'``),
+    the same field path once the member is dropped; those read as one message ("Input
+    should be a valid boolean, a valid integer or a valid string")."""
+    out: list[dict[str, str]] = []
+    parts: list[str] = []
+    for i, err in enumerate(found):
+        if out and _member_of_last(err, found[i - 1]):
+            problem = problem_of(err)
+            if problem["loc"] == out[-1]["loc"]:
+                parts.append(problem["msg"])
+                out[-1] = {"loc": problem["loc"], "msg": _either(parts)}
+                continue
+        if len(out) == MAX_ERRORS:  # the rest counted by their raw locs: no schema walk
+            rest = found[i:]
+            more = 1 + sum(not _member_of_last(e, prev) for prev, e in pairwise(rest))
+            return [*out, more_errors(more)]
+        problem = problem_of(err)
+        out.append(problem)
+        parts = [problem["msg"]]
+    return out
+
+
+def _member_of_last(err: dict, last: dict) -> bool:
+    """Whether ``err`` may be another union member's failure of ``last``'s value: its loc
+    differs in the last part alone (the member's tag) and it is no unknown field."""
+    loc, before = err["loc"], last["loc"]
+    return (err["type"] != "extra_forbidden" and len(loc) == len(before) and loc != before
+            and loc[:-1] == before[:-1])
+
+
+def _either(msgs: list[str]) -> str:
+    """``["Input should be a", "Input should be b"]`` -> ``"Input should be a or b"``."""
+    head = "Input should be "
+    if all(m.startswith(head) for m in msgs):
+        rest = [m.removeprefix(head) for m in msgs]
+        return head + ", ".join(rest[:-1]) + " or " + rest[-1]
+    return "; or ".join(msgs)
