@@ -1,5 +1,7 @@
 """Field paths of pydantic errors, from the model's core schema (``hpo.spec`` names every
-problem by the user's dotted path, not pydantic's ``loc``, which holds union tags)."""
+problem by the user's dotted path, not pydantic's ``loc``, which holds union tags), and the
+list of problems they make (:func:`problems`: a union's members once, at most
+:data:`hpo.speclimits.MAX_ERRORS`)."""
 
 from __future__ import annotations
 
