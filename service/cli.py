@@ -279,6 +279,8 @@ def status(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None
         table.add_row("error", study["error"])
     if study.get("stop_reason"):
         table.add_row("stopped early", study["stop_reason"])
+    if not study["best_trials"] and c["complete"] and study["spec"].get("constraints"):
+        table.add_row("best", "none: every complete trial breaks a constraint")
     out.print(table)
     _print_best(study)
 
