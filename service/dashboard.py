@@ -89,14 +89,10 @@ from starlette.responses import Response
 from service import dashboard_login, optuna_sql
 from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve
-from service.dashboard_input import (
-    input_problem,
-    replaying,
-    study_exists,
-    with_accept_encoding,
-)
+from service.dashboard_input import input_problem, study_exists, with_accept_encoding
 from service.db import StudyRow
 from service.errors import NotAuthenticated
+from service.middleware import replaying
 from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
 from service.settings import Settings
 

@@ -93,21 +93,6 @@ def _objectives(sessions: sessionmaker, study_id: int) -> int:
             _DIRECTIONS.c.study_id == study_id)).scalar_one()
 
 
-def replaying(body: bytes, receive):
-    """An ASGI ``receive`` that gives ``body`` (read by the check) first, then waits on
-    ``receive`` (a disconnect)."""
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
-
-
 def with_accept_encoding(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """``headers`` with ``accept-encoding: identity`` added when the client sent none.
 

@@ -106,16 +106,7 @@ class BodyLimit:
         if len(body) > self.max_bytes:
             await self._refuse(scope, receive, send)
             return
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
     async def _read(self, receive) -> bytes | None:
         """The body, cut after ``max_bytes + 1`` bytes; ``None`` if the client went away."""
@@ -134,6 +125,21 @@ class BodyLimit:
                                   f"the request body is over {self.max_bytes} bytes",
                                   headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+def replaying(body: bytes, receive):
+    """An ASGI ``receive`` that gives ``body`` (already read from ``receive``, whole) first,
+    then waits on ``receive`` (a disconnect)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 class SecurityHeaders:
