@@ -390,7 +390,8 @@ def check_budgets(spec: StudySpec) -> None:
             ``perturbation_interval`` not below the trials' planned updates.
     """
     s = spec.scheduler
-    if s.name not in ("asha", "mo-asha", "hyperband", *POPULATION_SCHEDULERS):
+    if s.name not in ("asha", "mo-asha", "hyperband", *POPULATION_SCHEDULERS) or (
+            s.name == "hyperband" and s.max_t is not None):  # judged by parse_spec already
         return
     task, config = trainers.create(spec.task, spec.config)
     planned = trainers.planned_updates(task, config)
