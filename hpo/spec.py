@@ -53,7 +53,14 @@ from hpo.algorithms import (
 )
 from hpo.errors import SpecError, printable
 from hpo.params import CategoricalParam, Choice, FloatParam, IntParam, Param
-from hpo.speclimits import MAX_ERRORS, MAX_PARAMETERS, key_errors, text_errors
+from hpo.speclimits import (
+    MAX_ERRORS,
+    MAX_PARAMETERS,
+    NAME_PATTERN,
+    NAME_RULE,
+    key_errors,
+    text_errors,
+)
 from hpo.specpaths import field_path, problems, walk
 from hpo.spectext import parse_text
 from hpo.suggest import did_you_mean
@@ -62,13 +69,9 @@ __all__ = ["FSDP_SCRATCH_DIR", "NAME_PATTERN", "POPULATION_SCHEDULERS", "Categor
            "FloatParam", "IntParam", "StudySpec", "load_spec", "load_stored", "parse_spec",
            "parse_text"]
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # under the results directory, shared by every study's FSDP trials: no study takes the name
 # (hpo.models.study_dir_clash)
 FSDP_SCRATCH_DIR = "fsdp-checkpoints"
-NAME_RULE = ("must be 1 to 64 characters: letters, digits, '_', '.' and '-', starting with "
-             "a letter or a digit")
-"""Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol."""
 BUILTIN_RESOURCES = ("CPU", "GPU", "MEMORY")  # Ray's own; not custom resources
 RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 """Custom resource names: 1-64 ASCII letters, digits, ``_ . : / -``. Ray itself checks no

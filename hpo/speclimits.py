@@ -15,8 +15,15 @@ from typing import Any
 
 from hpo.errors import unprintable
 
-__all__ = ["MAX_ERRORS", "MAX_KEYS", "MAX_PARAMETERS", "key_errors", "more_errors",
-           "text_errors"]
+__all__ = ["MAX_ERRORS", "MAX_KEYS", "MAX_PARAMETERS", "NAME_PATTERN", "NAME_RULE",
+           "key_errors", "more_errors", "text_errors"]
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_RULE = ("must be 1 to 64 characters: letters, digits, '_', '.' and '-', starting with "
+             "a letter or a digit")
+"""Study names: 1-64 characters, letters, digits, ``_ . -``, not starting with a symbol.
+Here, not in :mod:`hpo.spec`, so that the client checks a name without importing the spec
+model."""
 
 MAX_PARAMETERS = 1000  # parameters of a search space, checked before any is validated
 MAX_KEYS = 2 * MAX_PARAMETERS

@@ -62,6 +62,20 @@ UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", callback=_servic
                                      help="the service's address")]
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar="HPO_TOKEN", show_default=False,
                                               help="API token (hpo token create)")]
+def _study_name(value: str) -> str:
+    """A study NAME argument: one that no study can have is refused here (exit 2), before
+    it reaches a URL (``x/../other`` would name the study ``other``)."""
+    from service.client import study_path
+
+    try:
+        study_path(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    return value
+
+
+NameArg = Annotated[str, typer.Argument(metavar="NAME", callback=_study_name,
+                                        help="the study's name")]
 OffsetOpt = Annotated[int, typer.Option(min=0, help="items to skip")]
 LimitOpt = Annotated[int, typer.Option(min=1, max=500, help="items to show")]
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -254,7 +268,7 @@ def submit(spec_path: Annotated[Path, typer.Argument(metavar="SPEC", exists=True
     _exit_for(study)
 
 
-def status(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def status(name: NameArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """A study's status, progress, trial counts, best trial and device-seconds."""
     from service.client import ApiError
 
@@ -319,7 +333,7 @@ def list_studies(status_filter: Annotated[str | None, typer.Option(
     err.print(f"studies {offset}-{offset + len(page['items'])} of {page['total']}")
 
 
-def trials(name: str, offset: OffsetOpt = 0,
+def trials(name: NameArg, offset: OffsetOpt = 0,
            limit: LimitOpt = 50,
            url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """A page of a study's trials: state, value, parameters, who stopped it."""
@@ -342,7 +356,7 @@ def trials(name: str, offset: OffsetOpt = 0,
     err.print(f"trials {offset}-{offset + len(page['items'])} of {page['total']}")
 
 
-def stop(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def stop(name: NameArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """Stop a study: its running trials end within seconds."""
     from service.client import ApiError
 
@@ -354,7 +368,7 @@ def stop(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
               f"{' (stopping)' if study['status'] == 'RUNNING' else ''}")
 
 
-def best(name: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def best(name: NameArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """The best trial of a study (the Pareto front for several objectives)."""
     from service.client import ENDED, ApiError
 

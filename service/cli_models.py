@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli import DEFAULT_URL, TokenOpt, UrlOpt, _client, _fail, err, out
+from service.cli import DEFAULT_URL, NameArg, TokenOpt, UrlOpt, _client, _fail, err, out
 
 CHUNK_BYTES = 1 << 20
 
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
     app.command("model")(model)
 
 
-def model(name: str,
+def model(name: NameArg,
           trial: Annotated[int | None, typer.Option(
               "--trial", min=0, help="the trial's number (default: the best trial)",
               show_default=False)] = None,
@@ -38,10 +38,10 @@ def model(name: str,
               help="where to write the file (default: NAME-trialN.pt here)")] = None,
           url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
     """Download a trial's final model (default: the best trial's)."""
-    from service.client import ApiError
+    from service.client import ApiError, study_path
 
-    path = f"/v1/studies/{name}/model" if trial is None else \
-        f"/v1/studies/{name}/trials/{trial}/model"
+    path = study_path(name, "model") if trial is None else \
+        study_path(name, "trials", str(trial), "model")
     client = _client(url, token)
     try:
         written, size = _download(client, path, output)

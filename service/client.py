@@ -8,8 +8,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
+
+from hpo.speclimits import NAME_PATTERN, NAME_RULE
 
 ENDED = ("COMPLETED", "STOPPED", "FAILED")
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -32,6 +35,18 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.details = details or []
+
+
+def study_path(name: str, *rest: str) -> str:
+    """``/v1/studies/NAME[/REST...]`` for the study ``name``, percent-encoded.
+
+    Raises:
+        ValueError: ``name`` is no study name (:data:`hpo.speclimits.NAME_PATTERN`): a name
+            with ``/``, ``..``, ``?`` or ``#`` would reach another route or another study.
+    """
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise ValueError(f"{shown(name)!r} is no study name: a study name {NAME_RULE}")
+    return "/".join(("/v1/studies", quote(name, safe=""), *rest))
 
 
 def _unresolvable(error: BaseException) -> bool:
@@ -124,14 +139,14 @@ class Client:
         return self.call("GET", "/v1/studies", params=params)
 
     def study(self, name: str) -> dict:
-        return self.call("GET", f"/v1/studies/{name}")
+        return self.call("GET", study_path(name))
 
     def trials(self, name: str, offset: int = 0, limit: int = 50) -> dict:
-        return self.call("GET", f"/v1/studies/{name}/trials",
+        return self.call("GET", study_path(name, "trials"),
                          params={"offset": offset, "limit": limit})
 
     def stop(self, name: str) -> dict:
-        return self.call("POST", f"/v1/studies/{name}/stop")
+        return self.call("POST", study_path(name, "stop"))
 
     def wait(self, name: str, on_update: Callable[[dict], None] | None = None,
              poll_s: float = 1.0) -> dict:

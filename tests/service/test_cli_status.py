@@ -32,3 +32,36 @@ def test_status_says_why_a_study_with_constraints_has_no_best_trial(
     output = " ".join(result.output.split())  # whatever the terminal's width wrapped
     assert ("best none: every complete trial breaks a constraint" in output) is says
     assert ("best trial #1: val_accuracy = 0.9" in output) is bool(best)
+
+
+HOSTILE_NAMES = ["zzz/../victim", "victim?x=1", "victim#frag", "..", ".", "", "a b", "-x",
+                 "%2e%2e", "victim/stop", "v\r\nX-Injected: 1", "é", "a" * 65]
+NAME_COMMANDS = [["status"], ["trials"], ["stop"], ["best"], ["model"],
+                 ["model", "--trial", "3"]]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+@pytest.mark.parametrize("command", NAME_COMMANDS, ids=" ".join)
+def test_a_name_no_study_can_have_is_refused_before_any_request(monkeypatch, command, name):
+    """The breaker: ``hpo status 'zzz/../victim'`` printed study ``victim`` (the client put
+    the NAME into the URL as it came, and ``..`` was resolved), and ``hpo stop`` would
+    have stopped it."""
+    sent = []
+    monkeypatch.setattr(Client, "call", lambda self, *a, **k: sent.append(a))
+    monkeypatch.setattr("httpx.Client.send", lambda self, request, **k: sent.append(request))
+    result = CliRunner().invoke(hpo.cli.app, [*command[:1], "--", name, *command[1:]],
+                                env={"HPO_TOKEN": "hpo_x", "COLUMNS": "1000"})
+    assert result.exit_code == 2, result.output
+    assert "NAME" in result.output and "is no study name" in " ".join(result.output.split())
+    assert sent == []
+
+
+@pytest.mark.parametrize("name", ["s", "A.b-c_9", "9" * 64])
+def test_a_study_name_reaches_exactly_its_own_routes(name):
+    from service.client import study_path
+
+    assert study_path(name) == f"/v1/studies/{name}"
+    assert study_path(name, "trials", "3", "model") == f"/v1/studies/{name}/trials/3/model"
+    for bad in HOSTILE_NAMES:
+        with pytest.raises(ValueError, match="is no study name"):
+            study_path(bad)
