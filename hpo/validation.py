@@ -73,9 +73,14 @@ def check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpe
     if not allow_paths:
         check_paths(spec, fields)
     errors: list[dict[str, str]] = []
-    errors += _check_config(spec, task_cls, fields)
-    if not errors:
-        errors += _check_contract(spec, task_cls)
+    try:
+        errors += _check_config(spec, task_cls, fields)
+        if not errors:
+            errors += _check_contract(spec, task_cls)
+    except Exception as e:  # noqa: BLE001 - the task's own __init__ or check_config raised
+        # something other than ConfigError (a 500 before: the breaker's task)
+        errors.append({"loc": "task", "msg": _contract_msg(
+            spec.task, "build", f"creating it with this spec's config raised {_exc(e)}")})
     if not errors:  # values of the search space are checked on top of a valid config
         errors += _check_search_space(spec, task_cls, fields)
     objectives, objective_errors = _check_objectives(spec, task_cls)
@@ -176,6 +181,9 @@ class _ValueCheck:
                     trainers.TrainConfig, {**self.config, name: value}))
         except trainers.ConfigError as e:
             return e
+        except Exception as e:  # noqa: BLE001 - the task's own code, for this one value
+            return trainers.ConfigError(name, f"the task raised {_exc(e)} for this value (a "
+                                              "task refuses a value with trainers.ConfigError)")
         return None
 
 

@@ -16,6 +16,7 @@ ENTRY_POINTS = {
     "broken-metric": "tests.trainers.broken_tasks:MissingMetricTask",
     "broken-build": "tests.trainers.broken_tasks:BuildRaisesTask",
     "mean-loss": "tests.trainers.broken_tasks:MeanLossTask",
+    "init-raises": "tests.trainers.broken_tasks:InitRaisesTask",
 }
 
 
@@ -56,6 +57,38 @@ def test_a_task_that_breaks_the_contract_at_creation_answers_422_naming_task_and
     r = client.post("/v1/studies", json=spec(task), headers=bearer(tokens["alice"]))
     assert r.status_code == 422, r.text
     assert r.json()["error"]["details"] == [{"loc": "task", "msg": msg}]
+    assert _stored(app) == ([], [])
+
+
+RAISED = "(a task refuses a value with trainers.ConfigError)"
+
+
+@pytest.mark.parametrize("change, details", [
+    # the breaker: a task's __init__ raising anything but ConfigError answered 500
+    ({"config": {"max_updates": 2, "max_epochs": None, "hidden": 16}},
+     [{"loc": "task", "msg": "task 'init-raises' breaks the task contract, rule 'build': "
+                             "creating it with this spec's config raised RuntimeError: hidden "
+                             "units over 8 need the GPU kernel (`hpo task check init-raises` "
+                             "runs every rule)"}]),
+    ({"config": {"max_updates": 3, "max_epochs": None}},  # check_config raising KeyError
+     [{"loc": "task", "msg": "task 'init-raises' breaks the task contract, rule 'build': "
+                             "creating it with this spec's config raised KeyError: 'schedule "
+                             "table' (`hpo task check init-raises` runs every rule)"}]),
+    ({"search_space": {"hidden": {"type": "int", "low": 4, "high": 16}}},  # one value
+     [{"loc": "search_space.hidden.high",
+       "msg": f"the task raised RuntimeError: hidden units over 8 need the GPU kernel for "
+              f"this value {RAISED}"}]),
+    ({"config": {"max_epochs": 1},
+      "search_space": {"max_updates": {"type": "int", "low": 1, "high": 4}}},
+     [{"loc": "search_space.max_updates.high",
+       "msg": f"the task raised KeyError: 'schedule table' for this value {RAISED}"}]),
+])
+def test_a_task_that_raises_while_created_answers_422_naming_where(
+        client, tokens, app, installed, change, details):
+    r = client.post("/v1/studies", json={**spec("init-raises"), **change},
+                    headers=bearer(tokens["alice"]))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["details"] == details
     assert _stored(app) == ([], [])
 
 

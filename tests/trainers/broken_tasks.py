@@ -78,6 +78,22 @@ class BuildRaisesTask(RegressionTask):
         raise RuntimeError("no such layer: Linear3000")
 
 
+class InitRaisesTask(RegressionTask):
+    """Raises a plain RuntimeError (not ConfigError) when it is created with more than 8
+    hidden units, and KeyError from ``check_config`` for 3 or more updates."""
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        if self.options.hidden > 8:
+            raise RuntimeError("hidden units over 8 need the GPU kernel")
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        super().check_config(config)
+        if config.max_updates is not None and config.max_updates >= 3:
+            raise KeyError("schedule table")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WrongBoundOptions(RegressionOptions):
     width: int = option(8, "hidden units (1..64)")
