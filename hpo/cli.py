@@ -15,6 +15,7 @@ naming the field); 1 the study could not run (storage, cluster); 130 interrupted
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
 import os
@@ -28,7 +29,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from hpo.errors import HpoError, SpecError
+from hpo.errors import HpoError, SpecError, printable
 from hpo.storage import DEFAULT_STORAGE_URL
 from hpo.task_cli import task_app
 
@@ -36,6 +37,7 @@ app = typer.Typer(help="Hyperparameter optimization of PyTorch training: Optuna 
                        "Ray Tune.", no_args_is_help=True, add_completion=False)
 err = Console(stderr=True)
 out = Console(soft_wrap=True)  # lines stay whole when stdout is a file or pipe
+MAX_LOCAL_CPUS = 100_000  # --num-cpus; Ray refuses more than 1e14 only after it started
 
 StorageOpt = Annotated[str, typer.Option(
     "--storage", envvar="HPO_DATABASE_URL",
@@ -56,6 +58,19 @@ def _fail_spec(e: SpecError) -> None:
     raise typer.Exit(2)
 
 
+def _usable_dir(path: Path, flag: str) -> None:
+    """Create ``path`` (a directory the run writes into) now, or exit 2 naming ``flag``:
+    before, an unusable one failed with a traceback after Ray had started."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as e:
+        err.print(f"[bold red]error:[/] {flag} {printable(str(path))!r} cannot be used as a "
+                  f"directory: {e.strerror or e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def run(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC", help="study spec, YAML or JSON")],
@@ -65,7 +80,7 @@ def run(
         help="where Ray keeps trial results and checkpoints (shared storage on a cluster)")
     ] = Path("hpo-runs"),
     num_cpus: Annotated[int | None, typer.Option(
-        min=1, help="CPUs of a local Ray (default: all)")] = None,
+        min=1, max=MAX_LOCAL_CPUS, help="CPUs of a local Ray (default: all)")] = None,
     artifact_dir: Annotated[Path | None, typer.Option(
         help="where the best trials' final models are kept as Optuna artifacts "
              "(default: RESULTS_DIR/artifacts)", show_default=False)] = None,
@@ -78,6 +93,8 @@ def run(
         spec = load_spec(spec_path)
     except SpecError as e:
         _fail_spec(e)
+    _usable_dir(results_dir, "--results-dir")
+    _usable_dir(artifact_dir or results_dir / "artifacts", "--artifact-dir")
     from hpo.progress import LiveProgress
     from hpo.tune.driver import init_ray, run_study
 
@@ -145,7 +162,8 @@ def worker(
     address: Annotated[str, typer.Option(
         "--address", help="the Ray head's GCS address, HEAD:PORT (port 6379 by default)")],
     num_gpus: Annotated[int | None, typer.Option(min=0, help="GPUs this node offers")] = None,
-    num_cpus: Annotated[int | None, typer.Option(min=1, help="CPUs this node offers")] = None,
+    num_cpus: Annotated[int | None, typer.Option(min=1, max=MAX_LOCAL_CPUS,
+                                                  help="CPUs this node offers")] = None,
     resources: Annotated[str | None, typer.Option(
         help='custom resources as JSON, e.g. \'{"a100": 1}\'')] = None,
     block: Annotated[bool, typer.Option(help="stay in the foreground until stopped")] = False,

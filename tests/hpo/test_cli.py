@@ -67,3 +67,47 @@ def test_a_cluster_that_is_down_is_a_clear_error_at_once(tmp_path):
                               cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in proc.stderr
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--results-dir", "{file}"], "--results-dir"),
+    (["--results-dir", "{file}/sub"], "--results-dir"),
+    (["--results-dir", "/proc/hpo-no-such"], "--results-dir"),
+    (["--results-dir", "{tmp}/ok", "--artifact-dir", "{file}"], "--artifact-dir"),
+    (["--results-dir", "{file_parent}"], "--artifact-dir"),  # RESULTS_DIR/artifacts: a file
+])
+def test_an_unusable_directory_exits_2_naming_its_flag_before_ray_starts(
+        tmp_path, monkeypatch, flags, flag):
+    """The breaker: ``--results-dir FILE`` (or ``--artifact-dir``) started a local Ray, then
+    ended in a traceback with exit 1."""
+    from typer.testing import CliRunner
+
+    import hpo.cli
+    import hpo.tune.driver
+
+    started = []
+    monkeypatch.setattr(hpo.tune.driver, "init_ray", lambda *a: started.append(a))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "r" / "artifacts").parent.mkdir()
+    (tmp_path / "r" / "artifacts").write_text("x")
+    values = {"file": tmp_path / "afile", "tmp": tmp_path, "file_parent": tmp_path / "r"}
+    args = ["run", str(_spec(tmp_path / "s.yaml")), "--storage",
+            f"sqlite:///{tmp_path / 'x.db'}", *[f.format(**values) for f in flags]]
+    result = CliRunner().invoke(hpo.cli.app, args, env={"COLUMNS": "1000"})
+    assert result.exit_code == 2, result.output
+    assert f"error: {flag} " in result.output and "cannot be used as a directory" in \
+        result.output
+    assert "Traceback" not in result.output and started == []
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_num_cpus_beyond_what_ray_takes_exits_2_naming_the_flag(tmp_path):
+    from typer.testing import CliRunner
+
+    import hpo.cli
+
+    for command in (["run", str(_spec(tmp_path / "s.yaml"))], ["worker", "--address", "h:1"]):
+        result = CliRunner().invoke(hpo.cli.app, [*command, "--num-cpus", str(10**20)],
+                                    env={"COLUMNS": "1000"})
+        assert result.exit_code == 2, result.output
+        assert "--num-cpus" in result.output
