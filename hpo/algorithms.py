@@ -132,6 +132,27 @@ class SuccessiveHalvingPrunerSpec(Strict):
             raise ValueError(f"must be in [1, {MAX_COUNT}] or 'auto', got {v}")
         return v
 
+    @field_validator("min_early_stopping_rate")
+    @classmethod
+    def _first_rung_reachable(cls, v, info: ValidationInfo):
+        """Optuna's first rung is at step ``min_resource * reduction_factor **
+        min_early_stopping_rate`` (``auto``: at least 1), computed at every report: a rate of
+        2**31 - 1 made each report cost 30-40 s of big-integer arithmetic, and a rung beyond
+        MAX_COUNT steps never prunes anything."""
+        factor = info.data.get("reduction_factor")
+        low = info.data.get("min_resource")
+        low = low if isinstance(low, int) else 1
+        if factor is None:
+            return v
+        most, step = 0, low * factor
+        while step <= MAX_COUNT:
+            most, step = most + 1, step * factor
+        if v > most:
+            raise ValueError(f"must be at most {most}: the first rung would be at step "
+                             f"{low} x {factor}^{v}, beyond {MAX_COUNT}, and nothing would "
+                             f"ever be pruned")
+        return v
+
 
 class HyperbandPrunerSpec(Strict):
     name: Literal["hyperband"]

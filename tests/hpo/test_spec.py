@@ -122,6 +122,15 @@ INVALID = {
     "successive-halving-min-resource": (_with(scheduler={
         "name": "optuna-pruner", "pruner": {"name": "successive-halving", "min_resource": 0}}),
         "scheduler.pruner.min_resource"),
+    # the breaker: within MAX_COUNT, yet each report cost Optuna 30-40 s computing 4**rate
+    "successive-halving-rate": (_with(scheduler={"name": "optuna-pruner", "pruner": {
+        "name": "successive-halving", "min_early_stopping_rate": 2**31 - 1}}),
+        "scheduler.pruner.min_early_stopping_rate"),
+    "successive-halving-rate-past-the-last-step": (_with(scheduler={
+        "name": "optuna-pruner", "pruner": {"name": "successive-halving", "min_resource": 1000,
+                                            "reduction_factor": 2,
+                                            "min_early_stopping_rate": 22}}),
+        "scheduler.pruner.min_early_stopping_rate"),
     "bool-as-sampler-seed": (_with(sampler={"name": "tpe", "seed": True}), "sampler.seed"),
     "bool-as-timeout": (_with(budget={"n_trials": 1, "timeout_s": True}), "budget.timeout_s"),
     "string-as-cpus": (_with(resources={"cpus": "1"}), "resources.cpus"),
@@ -542,3 +551,17 @@ def test_tpe_runs_its_start_up_trials_at_random_then_models(n_trials, given, sta
         runs.append([t.params for t in study.trials])
     assert runs[0][:startup] == runs[1][:startup]
     assert runs[0][startup] != runs[1][startup]
+
+
+@pytest.mark.parametrize("pruner, most", [({}, 15), ({"min_resource": 1000, "reduction_factor": 2},
+                                                  21), ({"reduction_factor": 2**31 - 1}, 1)])
+def test_successive_halving_rate_is_bounded_by_its_first_rung_step(pruner, most):
+    from hpo.algorithms import MAX_COUNT, SuccessiveHalvingPrunerSpec
+
+    spec = SuccessiveHalvingPrunerSpec(name="successive-halving", min_early_stopping_rate=most,
+                                       **pruner)
+    low = pruner.get("min_resource", 1)
+    assert low * spec.reduction_factor ** most <= MAX_COUNT
+    with pytest.raises(ValueError, match=f"must be at most {most}: the first rung"):
+        SuccessiveHalvingPrunerSpec(name="successive-halving",
+                                    min_early_stopping_rate=most + 1, **pruner)
