@@ -9,6 +9,13 @@ see exactly the samples one process would: rank ``r`` takes positions
 not a multiple of ``world_size`` the sampler pads with a few repeated samples,
 so that every rank makes the same number of updates.)
 
+Random augmentation: in one process (``num_workers`` 0) a dataset draws from the
+process's RNGs, which checkpoints keep. In worker processes each micro-batch
+first seeds torch's, numpy's and Python's RNGs from ``(seed, epoch, rank, the
+batch's offset in the epoch)`` (``batch_seeds``), so epochs draw new numbers,
+the number of workers changes nothing, and a resumed run draws what the
+uninterrupted one drew. (The two settings draw different numbers.)
+
 Tensor shape legend: B batch, T time (tokens).
 """
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -44,14 +52,67 @@ def n_updates_per_epoch(n_samples: int, micro_batch_size: int, grad_accum_steps:
     return -(-n_micro // grad_accum_steps)
 
 
+def batch_seeds(*, seed: int, epoch: int, rank: int, offsets: Sequence[int]) -> list[int]:
+    """One seed per micro-batch, from the run's seed, the epoch, the rank and the batch's offset.
+
+    ``offsets[k]`` is the position of micro-batch ``k``'s first sample in this
+    rank's order of ``epoch`` (``epoch_order``), so a batch's seed does not depend
+    on where a run was resumed, nor on which worker process loads it.
+
+    Returns:
+        64-bit seeds in [0, 2**64), one per offset.
+    """
+    return [int(np.random.SeedSequence([seed, epoch, rank, offset]).generate_state(
+        1, np.uint64)[0]) for offset in offsets]
+
+
+class _SeededBatches(Dataset):
+    """``dataset`` loading ``(batch_seed, indices)`` pairs: each batch in a worker process
+    first seeds torch's, numpy's (legacy global) and Python's ``random`` RNGs with its seed.
+
+    Every batch therefore draws the same random numbers (a random augmentation in
+    ``__getitem__``) wherever and whenever it is loaded: each epoch draws new ones,
+    and a resumed run draws those the uninterrupted one drew, whichever worker
+    (``DataLoader`` hands batches round-robin from its start) loads the batch.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitems__(self, seeded: tuple[int, list[int]]) -> list:
+        seed, indices = seeded
+        torch.manual_seed(seed)
+        np.random.seed([seed & 0xFFFFFFFF, seed >> 32])
+        random.seed(seed)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return getitems(indices) if getitems else [self.dataset[i] for i in indices]
+
+
 def loader(dataset: Dataset, batches: list[list[int]], collate, *, num_workers: int = 0,
-           pin_memory: bool = False) -> DataLoader:
+           pin_memory: bool = False, seeds: Sequence[int] | None = None) -> DataLoader:
     """A ``DataLoader`` that yields exactly ``batches`` (lists of indices), in order.
 
     The loader gets its own generator so that creating its iterator never draws
     from the global torch RNG, which dropout uses (a resumed run would otherwise
     drift from the uninterrupted one).
+
+    With ``num_workers`` > 0 each batch is loaded after seeding the worker's RNGs
+    with ``seeds[k]`` (``batch_seeds``; one per batch, required then). In one
+    process (``num_workers`` 0) a dataset draws from the process's own RNGs, whose
+    states the checkpoints keep, as dropout does.
+
+    Raises:
+        ValueError: ``num_workers`` > 0 without one seed per batch.
     """
+    if num_workers > 0:
+        if seeds is None or len(seeds) != len(batches):
+            raise ValueError(f"num_workers={num_workers} needs one seed per batch "
+                             f"({len(batches)} batches)")
+        dataset = _SeededBatches(dataset)
+        batches = list(zip(seeds, batches, strict=True))  # type: ignore[arg-type]
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
                       num_workers=num_workers, pin_memory=pin_memory,
                       generator=torch.Generator().manual_seed(0))

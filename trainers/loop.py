@@ -60,7 +60,7 @@ from trainers import checkpoint as ckpt
 from trainers import dcp
 from trainers.components import Run, build_run, move_to
 from trainers.config import TrainConfig
-from trainers.data import epoch_order, grouped, loader, micro_batches
+from trainers.data import batch_seeds, epoch_order, grouped, loader, micro_batches
 from trainers.distributed import (
     all_reduce_max,
     all_reduce_sums,
@@ -192,8 +192,10 @@ class _Loop:
             order = epoch_order(run.train_set, seed=c.seed, epoch=state.epoch,
                                 rank=run.dist.rank, world_size=run.dist.world_size)
             batches = micro_batches(order[state.position:], c.micro_batch_size)
+            seeds = batch_seeds(seed=c.seed, epoch=state.epoch, rank=run.dist.rank, offsets=range(
+                state.position, len(order), c.micro_batch_size)) if c.num_workers else None
             data = loader(run.train_set, batches, run.task.collate, num_workers=c.num_workers,
-                          pin_memory=run.dist.device.type == "cuda")
+                          pin_memory=run.dist.device.type == "cuda", seeds=seeds)
             for group in grouped(iter(data), c.grad_accum_steps):
                 applied = self._update(group)
                 if applied:
