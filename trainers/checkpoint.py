@@ -51,12 +51,14 @@ outside's decision (a scheduler pausing a trial resumes it on purpose).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,7 @@ import numpy as np
 import torch
 
 from trainers.data import read_json, write_atomically
-from trainers.errors import CheckpointError
+from trainers.errors import CheckpointError, CheckpointWriteError
 from trainers.process import process_alive
 
 _NAME = re.compile(r"^checkpoint-(\d{8})$")
@@ -136,51 +138,86 @@ def save_checkpoint(root: Path, step: int, state: dict[str, Any], meta: dict[str
 
     Returns:
         The checkpoint directory.
+
+    Raises:
+        CheckpointWriteError: the file system refused (disk full, permissions, ...);
+            the temporary directory is removed, the earlier checkpoints are untouched.
     """
     tmp, final = new_temp_dir(Path(root), step)
-    with open(tmp / STATE_FILE, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        if durable:
-            os.fsync(f.fileno())
-    write_atomically(tmp / META_FILE, json.dumps(meta, indent=1, sort_keys=True), durable)
+    with writing(final, tmp):
+        with open(tmp / STATE_FILE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        write_atomically(tmp / META_FILE, json.dumps(meta, indent=1, sort_keys=True), durable)
     publish(tmp, final, keep_last, durable)
     return final
+
+
+@contextlib.contextmanager
+def writing(final: Path, tmp: Path | None = None) -> Iterator[None]:
+    """Turn an ``OSError`` raised while writing the checkpoint ``final`` into
+    :class:`CheckpointWriteError` naming it, after removing ``tmp`` (its temporary
+    directory, if any: on a full disk, what it holds is best given back at once)."""
+    try:
+        yield
+    except OSError as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {final}: {type(e).__name__}: {e}") from e
 
 
 def new_temp_dir(root: Path, step: int) -> tuple[Path, Path]:
     """A new temporary directory for the checkpoint of ``step`` (created, with ``root``),
     and the checkpoint's final path; the name carries this process's id, so that a
     later save removes it if this process dies before :func:`publish`."""
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"checkpoint-{step:08d}"
     tmp = root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    with writing(final):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
     return tmp, final
 
 
 def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
     """Rename the complete checkpoint ``tmp`` to ``final`` (replacing one there), then
-    apply retention under their root."""
+    apply retention under their root.
+
+    Raises:
+        CheckpointWriteError: the file system refused; ``tmp`` is removed.
+    """
     root = final.parent
-    if durable:
-        _fsync_dir(tmp)
     trash = None
-    if final.exists():
-        trash = root / f".trash-{tmp.name[len('.tmp-'):]}"
-        os.rename(final, trash)
-    os.rename(tmp, final)
-    if durable:
-        _fsync_dir(root)
+    with writing(final, tmp):
+        if durable:
+            _fsync_dir(tmp)
+        if final.exists():
+            trash = root / f".trash-{tmp.name[len('.tmp-'):]}"
+            os.rename(final, trash)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if trash is not None:  # put the replaced one back
+                os.rename(trash, final)
+            raise
+        if durable:
+            _fsync_dir(root)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
     _prune(root, keep_last)
 
 
 def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = True) -> None:
-    """Record (atomically) that the checkpoint of ``step`` is the best so far."""
+    """Record (atomically) that the checkpoint of ``step`` is the best so far.
+
+    Raises:
+        CheckpointWriteError: the file system refused.
+    """
     payload = {"step": step, "metric": metric, "value": value}
-    write_atomically(Path(root) / BEST_FILE, json.dumps(payload), durable)
+    with writing(Path(root) / BEST_FILE):
+        write_atomically(Path(root) / BEST_FILE, json.dumps(payload), durable)
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from trainers import checkpoint as ckpt
 from trainers.config import TrainConfig
 from trainers.distributed import close_distributed, init_distributed_from_env
-from trainers.errors import ConfigError, TrainersError, UnknownTaskError
+from trainers.errors import CheckpointWriteError, ConfigError, TrainersError, UnknownTaskError
 from trainers.fields import FieldInfo, describe
 from trainers.loop import TrainResult, fit
 from trainers.reporting import Decision, Metrics, SaveCheckpoint
@@ -138,6 +138,14 @@ def _params_from_checkpoint(root: Path) -> tuple[str, dict[str, Any]]:
     return task, params
 
 
+def _resume_hint(config: TrainConfig) -> str:
+    """``; continue with --resume DIR`` where DIR holds a checkpoint to continue from, else
+    nothing (interrupted before the first checkpoint: there is nothing to resume)."""
+    root = config.checkpoint_dir
+    return f"; continue with --resume {root}" if root and ckpt.latest_checkpoint(Path(root)) \
+        else ""
+
+
 def _summary(result: TrainResult, task: str, seconds: float) -> dict[str, Any]:
     return {"task": task, "stop_reason": result.stop_reason, "n_updates": result.n_updates,
             "best_metric": result.best_metric, "best_value": result.best_value,
@@ -181,11 +189,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = fit(task, config, ProgressReporter(main_rank and not args.quiet), args.resume)
     except KeyboardInterrupt:
-        print("interrupted" + (f"; continue with --resume {config.checkpoint_dir}"
-                               if config.checkpoint_dir else ""), file=sys.stderr)
+        print("interrupted" + _resume_hint(config), file=sys.stderr)
         return 130
     except ConfigError as e:
         parser.error(f"{_option_name(e.field)}: {e.reason}")
+    except CheckpointWriteError as e:
+        print(f"training failed: {e}" + _resume_hint(config), file=sys.stderr)
+        return 1
     except TrainersError as e:
         print(f"training failed: {e}", file=sys.stderr)
         return 1

@@ -68,3 +68,8 @@ class NonFiniteError(TrainersError, FloatingPointError):
 
 class CheckpointError(TrainersError):
     """A checkpoint is missing, unreadable, or does not match the run resuming it."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, no permission, ...); the earlier
+    checkpoints are untouched, so the run can be resumed from the newest of them."""

@@ -325,3 +325,38 @@ def test_a_reporter_that_checkpoints_on_request_gets_only_what_it_asks(tmp_path,
 def test_a_plain_reporter_still_gets_a_checkpoint_at_every_evaluation(tmp_path):
     fit(RegressionTask(OPTIONS), _config(tmp_path, eval_interval=2), ListReporter())
     assert [step for step, _ in list_checkpoints(tmp_path)] == [2, 4, 6, 8, 10, 11]
+
+
+@pytest.mark.parametrize(("where", "failing_call"), [("state", 2), ("meta", 3), ("rename", 2)])
+def test_a_full_disk_while_writing_a_checkpoint_is_a_checkpoint_error_and_keeps_the_earlier(
+        where, failing_call, tmp_path, monkeypatch):
+    from trainers import checkpoint
+    from trainers.errors import CheckpointWriteError
+
+    full = OSError(28, "No space left on device")
+    calls = {"n": 0}
+
+    def failing_on_the_second(real):
+        def wrapper(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == failing_call:
+                raise full
+            return real(*a, **kw)
+        return wrapper
+
+    if where == "state":
+        monkeypatch.setattr(checkpoint.torch, "save", failing_on_the_second(torch.save))
+    elif where == "meta":
+        monkeypatch.setattr(checkpoint, "write_atomically",
+                            failing_on_the_second(checkpoint.write_atomically))
+    else:
+        monkeypatch.setattr(checkpoint.os, "rename", failing_on_the_second(os.rename))
+    config = TrainConfig(micro_batch_size=8, max_updates=3, max_epochs=None, eval_interval=1,
+                         checkpoint_dir=str(tmp_path), checkpoint_fsync=False)
+    with pytest.raises(CheckpointWriteError) as e:
+        fit(RegressionTask(), config)
+    monkeypatch.undo()
+    assert str(e.value) == (f"cannot write checkpoint {tmp_path / 'checkpoint-00000002'}: "
+                            "OSError: [Errno 28] No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "checkpoint-00000001"]
+    assert load_checkpoint(tmp_path)["trainer"]["step"] == 1

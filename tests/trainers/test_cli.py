@@ -116,3 +116,45 @@ def test_the_cli_leaves_the_process_group_it_made_only_after_a_successful_run(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_a_full_disk_fails_with_one_line_and_the_resume_hint(tmp_path, monkeypatch):
+    from trainers import checkpoint
+
+    real, calls = checkpoint.torch.save, []
+
+    def full_at_the_second(obj, f, *a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(obj, f, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_at_the_second)
+    root = tmp_path / "ck"
+    proc = run_main("digits", "--width", "4", "--depth", "1", "--max-updates", "4",
+                    "--max-epochs", "none", "--eval-interval", "2", "--checkpoint-dir", str(root),
+                    "--quiet", "--no-checkpoint-fsync")
+    assert proc.returncode == 1
+    assert proc.stderr == (f"training failed: cannot write checkpoint {root}/checkpoint-00000004: "
+                           f"OSError: [Errno 28] No space left on device; continue with "
+                           f"--resume {root}\n")
+    assert sorted(p.name for p in root.iterdir()) == ["best.json", "checkpoint-00000002"]
+
+
+@pytest.mark.parametrize("checkpoints", [0, 1])
+def test_ctrl_c_hints_resume_only_where_a_checkpoint_exists(checkpoints, tmp_path, monkeypatch):
+    from trainers import checkpoint, cli
+
+    root = tmp_path / "ck"
+
+    def interrupted_fit(*args, **kwargs):
+        if checkpoints:
+            checkpoint.save_checkpoint(root, 3, {"x": 1}, {"step": 3}, keep_last=1,
+                                       durable=False)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "fit", interrupted_fit)
+    proc = run_main("digits", "--checkpoint-dir", str(root), "--quiet")
+    assert proc.returncode == 130
+    assert proc.stderr == ("interrupted; continue with --resume " + str(root) + "\n"
+                           if checkpoints else "interrupted\n")
