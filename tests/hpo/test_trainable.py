@@ -104,3 +104,20 @@ def test_a_trial_resumed_at_its_early_stop_reports_the_same_objective(how, fake_
     trial = record.frozen(ray_id)
     assert trial.value == last_metrics["val_loss"]
     assert sorted(trial.intermediate_values) == [2, 4, 6]
+
+
+def test_a_trials_checkpoints_record_the_tasks_registered_name(fake_tune, tmp_path):
+    """A class whose ``name`` is not its entry point's (the breaker's ``something-else``
+    under ``brk-renamed``): the model files of its trials must name the registered task,
+    which ``trainers evaluate`` looks up."""
+    from tests.hpo.toy import HpoToyTask
+    from trainers.model_file import model_from_checkpoint
+
+    assert HpoToyTask.name != "registered-elsewhere"
+    setup = TrialSetup(task="registered-elsewhere", target="tests.hpo.toy:HpoToyTask",
+                       config=CONFIG, cpus=1, gpus=0, workers=1,
+                       results_dir=str(tmp_path / "ray"))
+    train_trial(dict(PARAMS), setup)
+    kept = [path for _, path in fake_tune.reports if path]
+    assert kept
+    assert {model_from_checkpoint(path)["task"] for path in kept} == {"registered-elsewhere"}

@@ -191,3 +191,31 @@ def test_create_refuses_a_float_for_an_int_field_even_when_integral(name):
     with pytest.raises(ConfigError) as info:
         create("digits", {name: 2.0})
     assert (info.value.field, info.value.reason) == (name, "expected int, got float 2.0")
+
+
+def test_a_task_registered_under_another_name_than_its_class_says_can_be_evaluated(
+        tmp_path, monkeypatch):
+    """The breaker: entry point ``renamed-task`` naming a class whose ``name`` is
+    ``something-else`` trained, but its checkpoints and model files recorded the class's
+    name, and ``trainers evaluate`` then answered "unknown task 'something-else'"."""
+    from trainers.model_file import evaluate_model, model_from_checkpoint
+    from trainers.checkpoint import latest_checkpoint
+
+    (tmp_path / "renamedtasks.py").write_text(
+        "from tests.trainers.toy_tasks import RegressionTask\n"
+        "class OtherNameTask(RegressionTask):\n    name = 'something-else'\n")
+    _install(tmp_path, "renamedtasks", "renamed-task = renamedtasks:OtherNameTask")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        task, config = create("renamed-task", {"max_updates": 2, "max_epochs": None,
+                                               "checkpoint_dir": str(tmp_path / "ck")})
+        assert task.name == "renamed-task"
+        result = fit(task, config)
+        model = model_from_checkpoint(latest_checkpoint(tmp_path / "ck"))
+        assert model["task"] == "renamed-task"
+        assert evaluate_model(model)["val_loss"] == pytest.approx(result.metrics["val_loss"],
+                                                                  abs=1e-6)
+        # a class (as a trial loads it from shipped code) keeps its own name
+        assert create(get_task("renamed-task"))[0].name == "something-else"
+    finally:
+        sys.modules.pop("renamedtasks", None)

@@ -144,7 +144,8 @@ def create(name: str | type[Task], params: Mapping[str, Any] | None = None
            ) -> tuple[Task, TrainConfig]:
     """A task instance and its ``TrainConfig`` from one flat mapping of parameters.
 
-    ``name`` is a registered task's name, or a task class (``load_task``).
+    ``name`` is a registered task's name, or a task class (``load_task``). The task's
+    ``name`` is the registered name it was created by, whatever its class says.
 
     Each key is either a ``TrainConfig`` field or one of the task's options;
     ``TrainConfig`` starts from the task's ``default_config``.
@@ -165,4 +166,9 @@ def create(name: str | type[Task], params: Mapping[str, Any] | None = None
     options = build(cls.Options, {k: v for k, v in params.items() if k in option_names})
     config = build(TrainConfig, config_values)
     cls.check_config(config)
-    return cls(options), config
+    task = cls(options)
+    if task.name != name:
+        # the name it is registered under, which checkpoints and model files record and
+        # `trainers evaluate` looks up, though the class says otherwise
+        task.name = name
+    return task, config
