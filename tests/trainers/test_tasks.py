@@ -198,8 +198,8 @@ def test_a_task_registered_under_another_name_than_its_class_says_can_be_evaluat
     """The breaker: entry point ``renamed-task`` naming a class whose ``name`` is
     ``something-else`` trained, but its checkpoints and model files recorded the class's
     name, and ``trainers evaluate`` then answered "unknown task 'something-else'"."""
-    from trainers.model_file import evaluate_model, model_from_checkpoint
     from trainers.checkpoint import latest_checkpoint
+    from trainers.model_file import evaluate_model, model_from_checkpoint
 
     (tmp_path / "renamedtasks.py").write_text(
         "from tests.trainers.toy_tasks import RegressionTask\n"
