@@ -5,7 +5,10 @@ The task is rebuilt from the file's own metadata (task name, task options,
 of them (a task option or a ``TrainConfig`` field, e.g. ``--task-option
 device=cpu``; ``none`` is null for nullable fields). The weights are loaded and
 the task's evaluation runs on its validation set exactly as the training loop
-runs it. Output: one JSON object on one line of stdout, the metrics
+runs it. Path options (``charlm``'s ``corpus`` and ``cache_dir``) are never taken from
+the file, which could otherwise make the evaluation read or write any path: they take
+their defaults, or a ``--task-option`` (a note on stderr names each one the file set).
+Output: one JSON object on one line of stdout, the metrics
 (``{"val_accuracy": 0.96, "val_loss": 0.12}``), full float precision. Exit
 status: 0 done, 2 a bad option or file (the message names it), 1 the evaluation
 failed.
@@ -23,7 +26,7 @@ from typing import Any
 from trainers.config import TrainConfig
 from trainers.errors import CheckpointError, ConfigError, TrainersError, UnknownTaskError
 from trainers.fields import FieldInfo, describe
-from trainers.model_file import evaluate_model, load_model_file
+from trainers.model_file import evaluate_model, ignored_paths, load_model_file
 from trainers.tasks import get_task
 
 
@@ -85,7 +88,12 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         model = load_model_file(args.file)
-        metrics = evaluate_model(model, overrides(model["task"], args.task_option))
+        given = overrides(model["task"], args.task_option)
+        for key, value in ignored_paths(model).items():
+            if key not in given:
+                print(f"note: the file's {key}={value!r} is not used (a path option is "
+                      f"taken only from --task-option {key}=...)", file=sys.stderr)
+        metrics = evaluate_model(model, given)
     except (CheckpointError, UnknownTaskError) as e:
         parser.error(str(e))
     except ConfigError as e:

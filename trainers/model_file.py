@@ -43,9 +43,11 @@ import torch
 
 from trainers import checkpoint as ckpt
 from trainers.components import build_run
+from trainers.config import TrainConfig
 from trainers.errors import CheckpointError
 from trainers.evaluation import evaluate
-from trainers.tasks import create
+from trainers.fields import describe
+from trainers.tasks import create, get_task
 
 FORMAT = "trainers.model"
 FORMAT_VERSION = 1
@@ -135,7 +137,8 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     """Read a model file (tensors and plain values only: ``weights_only=True``).
 
     Raises:
-        CheckpointError: unreadable, not a model file, or of a newer format version.
+        CheckpointError: unreadable, not a model file, of a newer format version, or
+            missing or malformed ``task``, ``options``, ``config`` or ``weights``.
     """
     try:
         model = torch.load(Path(path), map_location="cpu", weights_only=True)
@@ -151,7 +154,49 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CheckpointError(f"{path} has model file format version {version!r}; this "
                               f"trainers reads versions up to {FORMAT_VERSION}")
+    _check_fields(path, model)
     return model
+
+
+_FIELD_TYPES = {"task": str, "options": dict, "config": dict, "weights": dict}
+"""What :func:`evaluate_model` reads of a model file, and the type each must have."""
+
+
+def _check_fields(path: str | Path, model: Mapping[str, Any]) -> None:
+    """Refuse a model file whose fields :func:`evaluate_model` reads are missing or malformed.
+
+    Raises:
+        CheckpointError: naming the first such field.
+    """
+    for name, kind in _FIELD_TYPES.items():
+        if name not in model:
+            raise CheckpointError(f"{path} is not a valid model file: it lacks {name!r}")
+        if not isinstance(model[name], kind):
+            raise CheckpointError(f"{path} is not a valid model file: {name!r} must be a "
+                                  f"{kind.__name__}, got {type(model[name]).__name__}")
+    for name in ("options", "config"):
+        if not all(isinstance(key, str) for key in model[name]):
+            raise CheckpointError(f"{path} is not a valid model file: the keys of {name!r} "
+                                  "must be strings")
+    bad = [k for k, v in model["weights"].items()
+           if not (isinstance(k, str) and isinstance(v, torch.Tensor))]
+    if bad:
+        raise CheckpointError(f"{path} is not a valid model file: 'weights' must map names "
+                              f"to tensors, got {bad[0]!r}")
+
+
+def path_fields(task_name: str) -> set[str]:
+    """The task's options and ``TrainConfig`` fields that name a file or directory (``path``)."""
+    fields = [*describe(TrainConfig), *get_task(task_name).fields()]
+    return {f.name for f in fields if f.path}
+
+
+def ignored_paths(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The path values a model file holds that :func:`evaluate_model` does not use (those
+    other than null), by field name."""
+    stored = {**model["config"], **model["options"]}
+    return {k: stored[k] for k in sorted(path_fields(model["task"]))
+            if stored.get(k) is not None}
 
 
 def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
@@ -161,7 +206,9 @@ def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None
     Args:
         model: a model file's content (:func:`load_model_file`).
         overrides: task options or ``TrainConfig`` fields replacing the file's own
-            (e.g. another data directory, ``device``, ``eval_batch_size``).
+            (e.g. ``device``, ``eval_batch_size``). Path fields (``path=True``:
+            ``charlm``'s ``corpus`` and ``cache_dir``) are never taken from the file,
+            whoever made it: they take their defaults, or the value given here.
 
     Returns:
         The task's metrics (``task.eval_metrics``), e.g. ``val_accuracy`` and
@@ -173,7 +220,12 @@ def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None
         UnknownTaskError: the file's task is not installed here.
         CheckpointError: the weights do not fit the rebuilt model.
     """
-    params = {**model["config"], **model["options"], **dict(overrides or {})}
+    # the file names no path of this machine: it could make the evaluation read any
+    # file (a corpus) or write where it says (a cache); the defaults apply, or overrides
+    paths = path_fields(model["task"])
+    stored = {k: v for k, v in {**model["config"], **model["options"]}.items()
+              if k not in paths}
+    params = {**stored, **dict(overrides or {})}
     params["checkpoint_dir"] = None  # evaluation writes nothing
     if "parallelism" in params:  # one process holds the whole model (FSDP's were gathered)
         params["parallelism"] = "ddp"
@@ -181,7 +233,7 @@ def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None
     run = build_run(task, config)
     try:
         run.model.load_state_dict(model["weights"])
-    except (RuntimeError, KeyError) as e:
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the model file's weights do not fit task {task.name!r} with "
                               f"these options: {e}") from None
     return evaluate(run.task, run.model, run.val_set, run.dist, run.autocast,

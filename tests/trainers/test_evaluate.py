@@ -146,3 +146,54 @@ def test_cli_bad_option_or_file_exits_2_naming_it(tmp_path):
         assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr)
     proc = run_main("evaluate", str(tmp_path / "nothing.pt"))
     assert proc.returncode == 2 and "no such model file" in proc.stderr
+
+
+_HEAD = {"format": FORMAT, "format_version": FORMAT_VERSION, "task": "digits", "options": {},
+         "config": {}, "weights": {}, "weights_kind": "model", "step": 0, "metrics": {},
+         "origin": {}}
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"task": None}, "it lacks 'task'"),
+    ({"config": None}, "it lacks 'config'"),
+    ({"options": None}, "it lacks 'options'"),
+    ({"weights": None}, "it lacks 'weights'"),
+    ({"task": ["digits"]}, "'task' must be a str, got list"),
+    ({"options": [1]}, "'options' must be a dict, got list"),
+    ({"config": "x"}, "'config' must be a dict, got str"),
+    ({"options": {1: 2}}, "the keys of 'options' must be strings"),
+    ({"weights": "x"}, "'weights' must be a dict, got str"),
+    ({"weights": {"conv.weight": "x"}}, "'weights' must map names to tensors, got 'conv.weight'"),
+])
+def test_evaluate_refuses_a_malformed_model_file_with_exit_2_naming_the_field(
+        change, problem, tmp_path):
+    model = {k: v for k, v in {**_HEAD, **change}.items() if v is not None}
+    path = tmp_path / "m.pt"
+    torch.save(model, path)
+    proc = run_main("evaluate", str(path))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"trainers evaluate: error: {path} is not a valid model file: {problem}")
+
+
+def test_evaluate_takes_no_path_option_from_the_file(tmp_path, monkeypatch):
+    """A file could make the evaluation read any file (``corpus``) and write where it says
+    (``cache_dir``): both come from the defaults or --task-option only."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    secret, corpus = tmp_path / "secret.txt", tmp_path / "corpus.txt"
+    secret.write_text("secret " * 200)
+    corpus.write_text("abcdefgh " * 200)
+    options = {"corpus": str(secret), "cache_dir": str(tmp_path / "chosen"), "block_size": 8,
+               "d_model": 8, "n_head": 1, "n_layer": 1, "val_fraction": 0.5}
+    path = tmp_path / "m.pt"
+    torch.save({**_HEAD, "task": "charlm", "options": options, "config": {"device": "cpu"}},
+               path)
+    proc = run_main("evaluate", str(path), "--task-option", f"corpus={corpus}")
+    assert proc.returncode == 2 and "weights do not fit task 'charlm'" in proc.stderr
+    assert proc.stderr.splitlines()[0] == (
+        f"note: the file's cache_dir={str(tmp_path / 'chosen')!r} is not used (a path option "
+        "is taken only from --task-option cache_dir=...)")
+    assert "corpus=" not in proc.stderr.splitlines()[1]  # given: no note
+    assert not (tmp_path / "chosen").exists()
+    [cache] = (tmp_path / "xdg" / "hpo").iterdir()  # the default cache, of the given corpus
+    assert json.loads((cache / "vocab.json").read_text()) == " abcdefgh"
