@@ -67,7 +67,7 @@ from trainers.distributed import (
     broadcast_flag,
     gather_objects,
 )
-from trainers.errors import NonFiniteError
+from trainers.errors import NonFiniteError, TrainersError
 from trainers.evaluation import evaluate
 from trainers.fields import to_dict
 from trainers.fsdp import clip_grad_norm
@@ -138,6 +138,8 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
     Raises:
         ConfigError: the config does not suit the task or the machine.
         NonFiniteError: a NaN/inf loss or gradient norm outside fp16 scaling.
+        TrainersError: the training set of an epoch to train, or the validation set, is
+            empty.
         CheckpointError: ``resume_from`` holds no usable checkpoint.
     """
     reporter = reporter or NullReporter()
@@ -189,6 +191,9 @@ class _Loop:
                 break
             if hasattr(run.train_set, "set_epoch"):
                 run.train_set.set_epoch(state.epoch)
+            if len(run.train_set) == 0:  # an epoch of no update: max_updates never comes
+                raise TrainersError(f"the training set of task {run.task.name!r} is empty "
+                                    f"(epoch {state.epoch})")
             order = epoch_order(run.train_set, seed=c.seed, epoch=state.epoch,
                                 rank=run.dist.rank, world_size=run.dist.world_size)
             batches = micro_batches(order[state.position:], c.micro_batch_size)
