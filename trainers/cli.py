@@ -138,6 +138,18 @@ def _params_from_checkpoint(root: Path) -> tuple[str, dict[str, Any]]:
     return task, params
 
 
+def _check_summary_path(path: Path) -> None:
+    """Refuse a ``--summary-json`` path that cannot be written, before the training.
+
+    Raises:
+        ConfigError: its directory does not exist, or the path is a directory.
+    """
+    if not path.parent.is_dir():
+        raise ConfigError("--summary-json", f"no such directory: {path.parent}")
+    if path.is_dir():
+        raise ConfigError("--summary-json", f"{path} is a directory; give a file path")
+
+
 def _resume_hint(config: TrainConfig) -> str:
     """``; continue with --resume DIR`` where DIR holds a checkpoint to continue from, else
     nothing (interrupted before the first checkpoint: there is nothing to resume)."""
@@ -175,8 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("the task is required (or --resume DIR)")
         parser = build_parser(task_name)
         args = parser.parse_args(argv)
-        if args.summary_json is not None and not args.summary_json.parent.is_dir():
-            raise ConfigError("--summary-json", f"no such directory: {args.summary_json.parent}")
+        if args.summary_json is not None:
+            _check_summary_path(args.summary_json)
         reserved = {"task", "resume", "summary_json", "quiet"}
         params.update({k: v for k, v in vars(args).items() if k not in reserved})
         task, config = create(task_name, params)
@@ -203,7 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_rank:
         _print_summary(summary)
         if args.summary_json:
-            args.summary_json.write_text(json.dumps(summary, indent=1))
+            try:
+                args.summary_json.write_text(json.dumps(summary, indent=1))
+            except OSError as e:  # checked before training, but the disk may have changed
+                print(f"cannot write --summary-json {args.summary_json}: {e}", file=sys.stderr)
+                return 1
     close_distributed()
     return 0
 

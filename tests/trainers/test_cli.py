@@ -158,3 +158,13 @@ def test_ctrl_c_hints_resume_only_where_a_checkpoint_exists(checkpoints, tmp_pat
     assert proc.returncode == 130
     assert proc.stderr == ("interrupted; continue with --resume " + str(root) + "\n"
                            if checkpoints else "interrupted\n")
+
+
+def test_summary_json_that_is_a_directory_is_refused_before_training(tmp_path, monkeypatch):
+    from trainers import cli
+
+    monkeypatch.setattr(cli, "fit", lambda *a, **kw: pytest.fail("trained"))
+    proc = run_main("digits", "--summary-json", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"trainers: error: --summary-json: {tmp_path} is a directory; give a file path")

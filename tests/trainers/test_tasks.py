@@ -219,3 +219,35 @@ def test_a_task_registered_under_another_name_than_its_class_says_can_be_evaluat
         assert create(get_task("renamed-task"))[0].name == "something-else"
     finally:
         sys.modules.pop("renamedtasks", None)
+
+
+@pytest.mark.parametrize(("fraction", "n_val"), [(0.001, 2), (0.005, 9), (0.9945, 1788),
+                                                 (0.999, 1796)])
+def test_digits_val_fraction_that_leaves_a_class_out_of_a_side_is_named(fraction, n_val):
+    with pytest.raises(ConfigError) as info:
+        create("digits", {"val_fraction": fraction})
+    assert info.value.field == "val_fraction"
+    assert info.value.reason == (
+        f"must hold out 10 to 1787 of the 1797 images (one per class on either side of the "
+        f"split), got {fraction} ({n_val} images)")
+
+
+@pytest.mark.parametrize(("fraction", "n_val"), [(0.0051, 10), (0.9944, 1787)])
+def test_digits_val_fraction_at_the_bounds_splits(fraction, n_val):
+    task, _ = create("digits", {"val_fraction": fraction})
+    train, val = task.datasets(seed=0)
+    assert (len(train), len(val)) == (1797 - n_val, n_val)
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/below", "/proc/nope"])
+def test_charlm_cache_dir_that_cannot_hold_the_cache_is_named(where, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("abcdefgh " * 200)
+    (tmp_path / "a_file").write_text("")
+    cache_dir = where if where.startswith("/") else str(tmp_path / where)
+    task, _ = create("charlm", {"corpus": str(corpus), "cache_dir": cache_dir,
+                                "block_size": 8})
+    with pytest.raises(ConfigError) as info:
+        task.corpus()
+    assert info.value.field == "cache_dir"
+    assert info.value.reason.startswith(f"cannot keep the token cache in {cache_dir}: ")

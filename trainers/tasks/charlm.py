@@ -128,28 +128,52 @@ def load_corpus(files: list[Path], cache_dir: Path) -> Corpus:
 
     Concurrent callers (parallel trials) are safe: each builds in a private
     temporary directory and renames it into place; the first rename wins.
+
+    Raises:
+        ConfigError: ``corpus``: a file cannot be read or is empty; ``cache_dir``: the
+            cache cannot be created, written or read there (not a directory, no space,
+            no permission).
     """
-    key = hashlib.sha256(json.dumps(
-        [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]).encode()).hexdigest()
+    try:
+        key = hashlib.sha256(json.dumps([[str(f), f.stat().st_size, f.stat().st_mtime_ns]
+                                         for f in files]).encode()).hexdigest()
+    except OSError as e:
+        raise ConfigError("corpus", f"cannot read the corpus: {type(e).__name__}: {e}") from None
     final = cache_dir / f"charlm-{key[:16]}"
     if not (final / "vocab.json").is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir / f".tmp-{uuid.uuid4().hex}"
-        tmp.mkdir()
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = cache_dir / f".tmp-{uuid.uuid4().hex}"
+            tmp.mkdir()
+        except OSError as e:
+            raise _cache_error(cache_dir, e) from None
         try:
             _tokenize(files, tmp)
             os.rename(tmp, final)
-        except OSError:  # another process finished first
+        except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if not (final / "vocab.json").is_file():  # else another process finished first
+                raise _cache_error(cache_dir, e) from None
         except ConfigError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    vocab = json.loads((final / "vocab.json").read_text())
-    return Corpus(np.memmap(final / "tokens.u16", dtype=np.uint16, mode="r"), vocab)
+    try:
+        vocab = json.loads((final / "vocab.json").read_text())
+        return Corpus(np.memmap(final / "tokens.u16", dtype=np.uint16, mode="r"), vocab)
+    except (OSError, ValueError) as e:
+        raise _cache_error(cache_dir, e) from None
+
+
+def _cache_error(cache_dir: Path, e: Exception) -> ConfigError:
+    return ConfigError("cache_dir", f"cannot keep the token cache in {cache_dir}: "
+                                    f"{type(e).__name__}: {e}")
 
 
 def _tokenize(files: list[Path], out: Path) -> None:
-    text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    try:
+        text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    except OSError as e:
+        raise ConfigError("corpus", f"cannot read the corpus: {type(e).__name__}: {e}") from None
     if not text:
         raise ConfigError("corpus", "the corpus is empty")
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)

@@ -12,6 +12,7 @@ Shapes: images x_BCHW float32 (B, 1, 8, 8); labels y_B int64 in [0, 10).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -25,6 +26,9 @@ from torch.utils.data import Dataset, TensorDataset
 from trainers.config import TrainConfig
 from trainers.fields import option, require
 from trainers.tasks.base import Task
+
+N_IMAGES = 1797  # scikit-learn's digits
+N_CLASSES = 10
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,6 +48,12 @@ class DigitsOptions:
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
         require(0 < self.val_fraction < 1, "val_fraction",
                 f"must be in (0, 1), got {self.val_fraction}")
+        # the stratified split needs one image of each class on either side
+        n_val = math.ceil(self.val_fraction * N_IMAGES)  # as train_test_split counts
+        require(N_CLASSES <= n_val <= N_IMAGES - N_CLASSES, "val_fraction",
+                f"must hold out {N_CLASSES} to {N_IMAGES - N_CLASSES} of the {N_IMAGES} "
+                f"images (one per class on either side of the split), got "
+                f"{self.val_fraction} ({n_val} images)")
         require(self.split_seed >= 0, "split_seed", f"must be >= 0, got {self.split_seed}")
 
 
