@@ -158,6 +158,7 @@ class PinnedExploits:
                  **kwargs) -> None:
         super().__init__(time_attr=time_attr, **kwargs)
         self.pin_dir, self.on_exploit, self.time_key = pin_dir, on_exploit, time_attr
+        self._cloned: dict[str, str] = {}  # trial id -> path of the checkpoint it cloned last
 
     def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
         """Ray's step, except how a top trial's checkpoint is kept.
@@ -167,17 +168,29 @@ class PinnedExploits:
         and its retention then deletes checkpoints still listed ("Error handling
         checkpoint", and the restores of ray#9036). Instead the checkpoint
         reported with this very result is copied aside (pinned) and remembered.
+
+        A trial never clones the same donor checkpoint twice in a row: while the donor
+        stood still (restarting after a failure, ``max_failures``), Ray's asynchronous
+        PBT sent the receiver back to that checkpoint at each of its perturbation points,
+        123 times in one breaker's run, retraining the same updates and never finishing.
+        It trains on instead, as when the donor has no checkpoint.
         """
         state = self._trial_state[trial]
         state.last_checkpoint = self._pin(trial, state) if trial in upper_quantile else None
         if trial not in lower_quantile:
             return
         trial_to_clone = random.choice(upper_quantile)
-        if self._trial_state[trial_to_clone].last_checkpoint is None:
+        checkpoint = self._trial_state[trial_to_clone].last_checkpoint
+        if checkpoint is None:
             log.info("no checkpoint for trial %s: trial %s does not exploit it",
                      trial_to_clone, trial)
             return
+        if self._cloned.get(trial.trial_id) == checkpoint.path:
+            log.info("trial %s cloned trial %s's checkpoint already; it trains on",
+                     trial, trial_to_clone)
+            return
         self._exploit(tune_controller, trial, trial_to_clone)
+        self._cloned[trial.trial_id] = checkpoint.path
 
     def _pin(self, trial, state) -> tune.Checkpoint | None:
         name = (state.last_result or {}).get("checkpoint_dir_name")

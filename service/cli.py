@@ -110,7 +110,8 @@ def serve(host: Annotated[str | None, typer.Option(
               help="address to listen on (else HPO_HOST, default 127.0.0.1)",
               show_default=False)] = None,
           port: Annotated[int | None, typer.Option(
-              help="port to listen on (else HPO_PORT, default 8000)", show_default=False)]
+              min=0, max=65535, help="port to listen on (else HPO_PORT, default 8000)",
+              show_default=False)]
           = None) -> None:
     """Serve the REST API, the dispatcher and the Optuna dashboard (and a local Ray)."""
     from service import logs
@@ -231,7 +232,10 @@ def _fail(e) -> None:
     answer = f"{e.status} {e.code}" if e.status else f"no answer: {e.code}"
     err.print(f"[bold red]error[/] ({answer}): {e}", highlight=False)
     for d in e.details:
-        err.print(f"  {d['loc'] or '<spec>'}: {d['msg']}", markup=False)
+        loc = d["loc"] or "<spec>"
+        # a query parameter is the command's option of the same name (`hpo list --status`)
+        loc = f"--{loc.removeprefix('query.')}" if loc.startswith("query.") else loc
+        err.print(f"  {loc}: {d['msg']}", markup=False)
     if e.status == 401:
         if os.environ.get("HPO_TOKEN", None) == "":
             err.print("HPO_TOKEN is set but empty (did `hpo token create` fail?)",

@@ -184,3 +184,42 @@ def test_pb2_choices_are_mapped_to_the_nearest_grid_point():
     assert explore({"float_step": 0.5})["float_step"] == 0.65
     assert explore({"float_step": 0.49})["float_step"] == 0.35
     assert explore({"int_offset": 100, "int_log": -3})["int_offset"] == 14
+
+
+def test_a_trial_never_clones_the_same_donor_checkpoint_twice_in_a_row(tmp_path):
+    """The breaker: while the donor restarted after a failure (``max_failures``), Ray's
+    asynchronous PBT sent the receiver back to the donor's one remembered checkpoint at
+    each of its perturbation points: 134 exploits, 123 of them of step 36."""
+    from hpo.ray_private import PinnedExploits
+
+    class Base:  # the part of Ray's PBT the seam uses
+        def __init__(self, time_attr, **kwargs):
+            self._trial_state = {}
+
+        def _exploit(self, tune_controller, trial, trial_to_clone):
+            exploits.append((trial.trial_id, trial_to_clone.trial_id,
+                             self._trial_state[trial_to_clone].last_checkpoint.path))
+
+    class Scheduler(PinnedExploits, Base):
+        def _pin(self, trial, state):
+            pins.append(trial.trial_id)
+            return SimpleNamespace(path=f"pin-{trial.trial_id}-{len(pins)}")
+
+    exploits, pins = [], []
+    pbt = Scheduler(tmp_path, None, "step")
+    class Trial:  # hashable by identity, as Ray's Trial
+        def __init__(self, trial_id):
+            self.trial_id, self.config = trial_id, {}
+
+    donor, receiver = Trial("d"), Trial("r")
+    for t in (donor, receiver):
+        pbt._trial_state[t] = SimpleNamespace(last_checkpoint=None, last_result={"step": 36})
+
+    pbt._checkpoint_or_exploit(donor, None, [donor], [receiver])  # the donor's checkpoint
+    for _ in range(5):  # the donor stands still; the receiver reaches 5 perturbation points
+        pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
+    assert exploits == [("r", "d", "pin-d-1")]
+    pbt._checkpoint_or_exploit(donor, None, [donor], [receiver])  # the donor moved on
+    pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
+    pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
+    assert exploits == [("r", "d", "pin-d-1"), ("r", "d", "pin-d-2")]

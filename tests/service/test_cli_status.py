@@ -65,3 +65,28 @@ def test_a_study_name_reaches_exactly_its_own_routes(name):
     for bad in HOSTILE_NAMES:
         with pytest.raises(ValueError, match="is no study name"):
             study_path(bad)
+
+
+def test_a_refused_query_parameter_is_named_as_the_commands_option(monkeypatch):
+    """The breaker: ``hpo list --status BOGUS`` named ``query.status``."""
+    from service.client import ApiError
+
+    def refuse(self, status, offset, limit):
+        raise ApiError(422, "invalid_request", "invalid request",
+                       [{"loc": "query.status", "msg": "Input should be 'QUEUED', ..."}])
+
+    monkeypatch.setattr(Client, "studies", refuse)
+    result = CliRunner().invoke(hpo.cli.app, ["list", "--status", "BOGUS"],
+                                env={"HPO_TOKEN": "hpo_x", "COLUMNS": "1000"})
+    assert result.exit_code == 2, result.output
+    assert "  --status: Input should be 'QUEUED', ..." in result.output
+    assert "query.status" not in result.output
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "99999"])
+def test_serve_names_the_port_flag_for_a_port_out_of_range(port):
+    """The breaker: ``hpo serve --port 99999`` named HPO_PORT, not the flag given."""
+    result = CliRunner().invoke(hpo.cli.app, ["serve", "--port", port],
+                                env={"COLUMNS": "1000"})
+    assert result.exit_code == 2, result.output
+    assert "--port" in result.output and "HPO_PORT must" not in result.output
