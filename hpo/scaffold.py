@@ -37,6 +37,12 @@ def module_name(name: str) -> str:
     return name.replace("-", "_")
 
 
+# top-level directories of the scaffolded project besides its package: a package of that
+# name would hold them (the scaffold's tests shipped inside the package) or be overwritten
+PROJECT_DIRS = {"tests": "tests", "build": "build output (setuptools)",
+                "dist": "built distributions"}
+
+
 def class_name(name: str) -> str:
     """The task class of ``name``: ``my-task`` -> ``MyTaskTask``."""
     return "".join(part.capitalize() for part in re.split(r"[-_]", name) if part) + "Task"
@@ -49,7 +55,8 @@ def check_name(name: str, installed: list[str]) -> None:
         ScaffoldError: not 1-40 characters of ``a-z 0-9 _ -`` starting with a
             letter, ending with a letter or digit, without two separators in a row
             (:data:`NAME_RULE`; what pip accepts as a distribution name, PEP 508),
-            a Python keyword, a task already registered (``installed``),
+            a Python keyword, a directory of the project itself
+            (:data:`PROJECT_DIRS`), a task already registered (``installed``),
             or a module already importable here (it would be shadowed or shadow).
     """
     if not NAME_PATTERN.match(name):
@@ -59,6 +66,10 @@ def check_name(name: str, installed: list[str]) -> None:
     module = module_name(name)
     if keyword.iskeyword(module):
         raise ScaffoldError("NAME", f"{name!r} is a Python keyword: it cannot name a package")
+    if module in PROJECT_DIRS:
+        raise ScaffoldError("NAME", f"{name!r} would name the package directory {module}/, "
+                                    f"which the project keeps for its "
+                                    f"{PROJECT_DIRS[module]}; choose another name")
     if name in installed:
         raise ScaffoldError("NAME", f"a task named {name!r} is already registered; choose "
                                     "another name")

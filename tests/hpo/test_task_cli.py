@@ -179,6 +179,17 @@ def test_new_refuses_every_name_pip_or_python_would_mangle(name):
         check_name(name, [])
 
 
+@pytest.mark.parametrize("name", ["tests", "build", "dist"])
+def test_new_refuses_a_name_whose_package_would_be_a_directory_of_the_project(
+        name, monkeypatch):
+    """The breaker: ``hpo task new tests DIR`` made the package ``tests/``, and the scaffold's
+    own ``tests/test_task.py`` landed inside it and shipped with it."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module, *args: None)
+    with pytest.raises(ScaffoldError, match=f"^NAME: '{name}' would name the package "
+                                            f"directory {name}/"):
+        check_name(name, [])
+
+
 def test_new_refuses_a_directory_inside_a_file(tmp_path):
     (tmp_path / "afile").write_text("mine")
     result = runner.invoke(app, ["task", "new", "fresh-task", str(tmp_path / "afile" / "sub")])
