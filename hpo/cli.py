@@ -95,6 +95,13 @@ def run(
         _fail_spec(e)
     _usable_dir(results_dir, "--results-dir")
     _usable_dir(artifact_dir or results_dir / "artifacts", "--artifact-dir")
+    try:  # before Ray's seconds of starting and the progress table
+        from hpo.storage import open_storage
+
+        open_storage(storage).engine.dispose()
+    except HpoError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
     from hpo.progress import LiveProgress
     from hpo.tune.driver import init_ray, run_study
 

@@ -111,3 +111,24 @@ def test_num_cpus_beyond_what_ray_takes_exits_2_naming_the_flag(tmp_path):
                                     env={"COLUMNS": "1000"})
         assert result.exit_code == 2, result.output
         assert "--num-cpus" in result.output
+
+
+@pytest.mark.parametrize("storage", ["foo://x", "sqlite:///{tmp}/afile/x.db",
+                                     "postgresql+psycopg://postgres@127.0.0.1:1/none"])
+def test_storage_that_cannot_be_opened_fails_before_ray_starts(tmp_path, monkeypatch, storage):
+    """The breaker: ``--storage foo://x`` started a local Ray and drew the progress table
+    before the error."""
+    from typer.testing import CliRunner
+
+    import hpo.cli
+    import hpo.tune.driver
+
+    started = []
+    monkeypatch.setattr(hpo.tune.driver, "init_ray", lambda *a: started.append(a))
+    (tmp_path / "afile").write_text("x")
+    result = CliRunner().invoke(hpo.cli.app, [
+        "run", str(_spec(tmp_path / "s.yaml")), "--storage", storage.format(tmp=tmp_path),
+        "--results-dir", str(tmp_path / "runs")], env={"COLUMNS": "1000"})
+    assert result.exit_code == 1, result.output
+    assert "error: cannot open storage" in result.output
+    assert "study progress" not in result.output and started == []
