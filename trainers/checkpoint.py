@@ -14,7 +14,10 @@ state instead of ``state.pt``; retention and ``best.json`` treat both alike.
 A checkpoint directory is written under a temporary name, fsync'ed, then
 renamed into place, so a process killed while writing leaves the previous
 checkpoints untouched and loadable; leftovers of dead writers are removed by the
-next save. ``state.pt`` holds only tensors and plain Python values and is read
+next save. Replacing a checkpoint of the same step takes two renames (the old one
+away, the new one in); a writer killed between them leaves both under temporary
+names, and the next listing (any resume) puts the complete new one in place.
+``state.pt`` holds only tensors and plain Python values and is read
 with ``weights_only=True``.
 
 What a resume takes from where (``trainers.resume.restore``). The rule: the
@@ -71,6 +74,7 @@ from trainers.process import process_alive
 
 _NAME = re.compile(r"^checkpoint-(\d{8})$")
 _TMP = re.compile(r"^\.(tmp|trash)-.*-(?P<pid>\d+)-[0-9a-f]{8}$")
+_LEFTOVER = re.compile(r"^\.(tmp|trash)-(?P<name>checkpoint-\d{8})-(?P<pid>\d+)-[0-9a-f]{8}$")
 _TMP_FILE = re.compile(r"^\..+\.(?P<pid>\d+)\.tmp$")  # trainers.data.write_atomically
 STATE_FILE = "state.pt"
 SHARDED_STATE_FILE = "train_state.pt"  # trainers.dcp
@@ -92,15 +96,42 @@ def _is_complete(path: Path) -> bool:
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first."""
+    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first.
+
+    A replacement that a dead writer left half done is finished first (:func:`_recover`).
+    """
     if not root.is_dir():
         return []
+    _recover(root)
     found = []
     for child in root.iterdir():
         m = _NAME.match(child.name)
         if m and _is_complete(child):
             found.append((int(m.group(1)), child))
     return sorted(found)
+
+
+def _recover(root: Path) -> None:
+    """Put back the checkpoint a writer killed between :func:`publish`'s two renames
+    left under temporary names: its complete new version (``.tmp-``, written and
+    fsync'ed before the renames) or else the replaced one (``.trash-``). Only for
+    writers that are dead, and steps with no checkpoint in place."""
+    try:
+        children = sorted(root.iterdir(), key=lambda p: not p.name.startswith(".tmp-"))
+    except OSError:
+        return
+    for child in children:  # the new versions first
+        m = _LEFTOVER.match(child.name)
+        if m is None or _alive(int(m.group("pid"))):
+            continue
+        final = root / m.group("name")
+        if not final.exists() and _is_complete(child):
+            with contextlib.suppress(OSError):  # a concurrent reader recovered it first
+                os.rename(child, final)
+
+
+def _alive(pid: int) -> bool:
+    return pid == os.getpid() or process_alive(pid)
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -196,7 +227,7 @@ def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
         if final.exists():
             trash = root / f".trash-{tmp.name[len('.tmp-'):]}"
             os.rename(final, trash)
-        try:
+        try:  # killed right here: the next reader puts tmp in place (_recover)
             os.rename(tmp, final)
         except OSError:
             if trash is not None:  # put the replaced one back
@@ -221,8 +252,8 @@ def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = 
 
 
 def _prune(root: Path, keep_last: int) -> None:
+    found = list_checkpoints(root)  # first: it may put back the best one
     best = best_checkpoint(root)
-    found = list_checkpoints(root)
     for _, path in found[:-keep_last]:
         if path != best:
             shutil.rmtree(path, ignore_errors=True)

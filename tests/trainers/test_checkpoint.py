@@ -360,3 +360,52 @@ def test_a_full_disk_while_writing_a_checkpoint_is_a_checkpoint_error_and_keeps_
                             "OSError: [Errno 28] No space left on device")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "checkpoint-00000001"]
     assert load_checkpoint(tmp_path)["trainer"]["step"] == 1
+
+
+REPLACE_KILL_SCRIPT = textwrap.dedent("""
+    import os, shutil, signal, sys
+    from pathlib import Path
+    from trainers import checkpoint
+
+    root, point = Path(sys.argv[1]), sys.argv[2]
+    real_rename, real_rmtree = os.rename, shutil.rmtree
+
+    def rename(src, dst):  # "between": tmp is about to replace final, already renamed away
+        if point == "between" and Path(src).name.startswith(".tmp-") and Path(dst).name == \\
+                "checkpoint-00000003" and any(p.name.startswith(".trash-") for p in root.iterdir()):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_rename(src, dst)
+
+    def rmtree(path, *a, **kw):  # "after": both renames done, the replaced one not removed
+        if point == "after" and Path(path).name.startswith(".trash-"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_rmtree(path, *a, **kw)
+
+    checkpoint.os.rename, checkpoint.shutil.rmtree = rename, rmtree
+    checkpoint.save_checkpoint(root, 2, {"version": "old", "step": 2}, {"step": 2}, keep_last=1)
+    checkpoint.save_checkpoint(root, 3, {"version": "old", "step": 3}, {"step": 3}, keep_last=1)
+    checkpoint.save_checkpoint(root, 3, {"version": "new", "step": 3}, {"step": 3}, keep_last=1)
+""")
+
+
+@pytest.mark.slow  # two interpreters importing torch
+@pytest.mark.parametrize("point", ["between", "after"])
+def test_a_kill_while_a_checkpoint_of_the_same_step_is_replaced_leaves_the_new_one_loadable(
+        point, tmp_path):
+    script = tmp_path / "kill.py"
+    script.write_text(REPLACE_KILL_SCRIPT)
+    root = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, str(script), str(root), point], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == -9
+    left = sorted(p.name.split("-")[0] + "-" + p.name.split("-")[1] for p in root.iterdir())
+    assert left == ([".tmp-checkpoint", ".trash-checkpoint"] if point == "between"
+                    else [".trash-checkpoint", "checkpoint-00000003"])
+    # what resume reads: the new version, put in place
+    assert load_checkpoint(root) == {"version": "new", "step": 3}
+    assert [step for step, _ in list_checkpoints(root)] == [3]
+    # the next save clears the leftovers of the dead writer
+    from trainers.checkpoint import save_checkpoint
+    save_checkpoint(root, 4, {"step": 4}, {"step": 4}, keep_last=2, durable=False)
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-00000003",
+                                                      "checkpoint-00000004"]
