@@ -80,7 +80,7 @@ class _SeededBatches(Dataset):
         self.dataset = dataset
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)
 
     def __getitems__(self, seeded: tuple[int, list[int]]) -> list:
         seed, indices = seeded
@@ -112,7 +112,7 @@ def loader(dataset: Dataset, batches: list[list[int]], collate, *, num_workers: 
             raise ValueError(f"num_workers={num_workers} needs one seed per batch "
                              f"({len(batches)} batches)")
         dataset = _SeededBatches(dataset)
-        batches = list(zip(seeds, batches, strict=True))  # type: ignore[arg-type]
+        batches = list(zip(seeds, batches, strict=True))
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
                       num_workers=num_workers, pin_memory=pin_memory,
                       generator=torch.Generator().manual_seed(0))
