@@ -166,3 +166,29 @@ def gather_objects(obj: object, info: DistInfo) -> list[object]:
     out: list[object] = [None] * info.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+@torch.no_grad()
+def broadcast_buffers(model: nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's buffers of ``model`` (BatchNorm's running statistics).
+
+    Each rank updates its buffers in its own forwards from its own samples: DDP
+    broadcasts rank 0's only at the start of a forward that syncs gradients, FSDP2
+    never. Called before anything reads them (the EMA update, an evaluation, a
+    checkpoint), this makes all ranks read rank 0's, as one model would. Training
+    is unchanged: a training forward's output does not depend on the buffers, and
+    rank 0's are never overwritten. Identity in one process; every rank must call it.
+
+    Args:
+        model: the raw module (not DDP-wrapped); under FSDP2 the sharded module, whose
+            buffers are plain, replicated tensors.
+    """
+    buffers = [b for b in model.buffers() if b.numel()]
+    if not info.enabled or not buffers:
+        return
+    for dtype in sorted({b.dtype for b in buffers}, key=str):  # one collective per dtype
+        same = [b for b in buffers if b.dtype == dtype]
+        flat = torch.cat([b.reshape(-1) for b in same])
+        dist.broadcast(flat, src=0)
+        for b, value in zip(same, flat.split([b.numel() for b in same]), strict=True):
+            b.copy_(value.view_as(b))

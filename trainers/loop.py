@@ -8,7 +8,10 @@ exactly the gradient of the group's mean loss, whatever the micro-batch size,
 the number of accumulation steps or of ranks. Under DDP the gradients are
 synchronized only on the last micro-batch of a group (``no_sync()``); under
 FSDP (``parallelism: fsdp``) likewise, through FSDP2's gradient-sync switch
-(``trainers.fsdp``), and checkpoints are sharded (``trainers.dcp``).
+(``trainers.fsdp``), and checkpoints are sharded (``trainers.dcp``). Every rank
+takes rank 0's buffers (BatchNorm's running statistics, which each rank updates
+from its own samples) before the EMA update, an evaluation and a checkpoint
+(``trainers.distributed.broadcast_buffers``), so the ranks hold one model.
 
 After backward: the loss scaler unscales the gradients (fp16), the global norm
 is measured and clipped, then either
@@ -64,6 +67,7 @@ from trainers.data import batch_seeds, epoch_order, grouped, loader, micro_batch
 from trainers.distributed import (
     all_reduce_max,
     all_reduce_sums,
+    broadcast_buffers,
     broadcast_flag,
     gather_objects,
 )
@@ -278,6 +282,7 @@ class _Loop:
             self._evaluate_and_report()
         elif self.eager_checkpoints and c.checkpoint_interval is not None \
                 and step % c.checkpoint_interval == 0:
+            broadcast_buffers(self.run.model, self.run.dist)  # every rank resumes rank 0's
             self._snapshot_rng()
             self._save(self._meta())
 
@@ -315,6 +320,7 @@ class _Loop:
         if applied:
             run.scheduler.step()
             if run.ema is not None:
+                broadcast_buffers(run.model, run.dist)  # the EMA folds in rank 0's
                 run.ema.update(run.model)
             state.step += 1
             state.skipped_in_a_row = 0
@@ -344,6 +350,8 @@ class _Loop:
     def _evaluate_and_report(self) -> None:
         run, state, c = self.run, self.state, self.run.config
         eval_model = run.ema.module if run.ema is not None and c.eval_with_ema else run.model
+        # every rank evaluates, and the checkpoint keeps, rank 0's buffers (one model's)
+        broadcast_buffers(run.model, run.dist)
         metrics = self._train_metrics()
         metrics.update(evaluate(run.task, eval_model, run.val_set, run.dist, run.autocast,
                                 c.eval_batch_size or c.micro_batch_size))
