@@ -5,6 +5,7 @@ Layout of a checkpoint root::
     root/checkpoint-00000120/state.pt   everything needed to resume (torch.save)
     root/checkpoint-00000120/meta.json  step, epoch, metrics: readable without torch
     root/best.json                      {"step": 120, "metric": ..., "value": ...}
+    root/retired-checkpoint-00000140-*  another trajectory's, moved aside (``publish``)
 
 A sharded checkpoint (``parallelism: fsdp``, ``trainers.dcp``) has the same
 name, ``meta.json`` and atomic rename, with ``train_state.pt`` (counters,
@@ -213,8 +214,9 @@ def new_temp_dir(root: Path, step: int) -> tuple[Path, Path]:
 
 
 def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
-    """Rename the complete checkpoint ``tmp`` to ``final`` (replacing one there), then
-    apply retention under their root.
+    """Rename the complete checkpoint ``tmp`` to ``final``, then retire the checkpoints of
+    later steps (:func:`_retire_later`) and apply retention under their root. A
+    checkpoint already at ``final`` is replaced when it is this run's own, else retired.
 
     Raises:
         CheckpointWriteError: the file system refused; ``tmp`` is removed.
@@ -224,7 +226,9 @@ def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
     with writing(final, tmp):
         if durable:
             _fsync_dir(tmp)
-        if final.exists():
+        if final.exists() and not _same_trajectory(final, tmp):
+            os.rename(final, _retired_name(final))  # another run's: kept, see _retire_later
+        elif final.exists():
             trash = root / f".trash-{tmp.name[len('.tmp-'):]}"
             os.rename(final, trash)
         try:  # killed right here: the next reader puts tmp in place (_recover)
@@ -237,7 +241,39 @@ def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
             _fsync_dir(root)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
+    _retire_later(root, int(_NAME.match(final.name).group(1)))
     _prune(root, keep_last)
+
+
+def _same_trajectory(old: Path, new: Path) -> bool:
+    """Whether the checkpoint ``old`` of the same step as ``new`` is of the same run: their
+    ``meta.json`` agree but for the metrics (a run writes a step twice when an evaluation
+    follows a checkpoint of the interval), which another config resumed into the root
+    (or anything unreadable) does not."""
+    try:
+        metas = [read_json(path / META_FILE) for path in (old, new)]
+    except (OSError, ValueError):
+        return False
+    for meta in metas:
+        meta.pop("metrics", None)
+    return metas[0] == metas[1]
+
+
+def _retired_name(path: Path) -> Path:
+    return path.parent / f"retired-{path.name}-{uuid.uuid4().hex[:8]}"
+
+
+def _retire_later(root: Path, step: int) -> None:
+    """Move the checkpoints of steps after ``step`` out of the way: a run only goes
+    forward, so they are another trajectory's (a run resumed from an older checkpoint
+    into the same root). Left where they are, retention would prune the resumed run's
+    own and a resume of the root would continue the abandoned trajectory; renamed
+    ``retired-checkpoint-NNNNNNNN-XXXXXXXX`` they are kept, but never resumed nor pruned.
+    """
+    for later, path in list_checkpoints(root):
+        if later > step:
+            with contextlib.suppress(OSError):  # a concurrent writer retired it first
+                os.rename(path, _retired_name(path))
 
 
 def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = True) -> None:

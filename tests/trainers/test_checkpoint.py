@@ -409,3 +409,27 @@ def test_a_kill_while_a_checkpoint_of_the_same_step_is_replaced_leaves_the_new_o
     save_checkpoint(root, 4, {"step": 4}, {"step": 4}, keep_last=2, durable=False)
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-00000003",
                                                       "checkpoint-00000004"]
+
+
+def test_resuming_an_older_checkpoint_into_the_same_root_retires_the_later_ones(tmp_path):
+    """A run only goes forward: checkpoints of later steps under the root it writes into are
+    another trajectory's. Left there, retention pruned the resumed run's own and a resume of
+    the root continued the abandoned trajectory; they are renamed aside, kept whole."""
+    config = TrainConfig(micro_batch_size=8, max_updates=12, max_epochs=None, eval_interval=2,
+                         lr=0.05, checkpoint_dir=str(tmp_path), keep_last_checkpoints=50,
+                         checkpoint_fsync=False)
+    fit(RegressionTask(), config)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 4, 6, 8, 10, 12]
+    first_12 = load_checkpoint(tmp_path / "checkpoint-00000012")
+    fit(RegressionTask(), config.replace(max_updates=9, lr=0.001, keep_last_checkpoints=2),
+        resume_from=tmp_path / "checkpoint-00000004")
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [8, 9]
+    assert load_checkpoint(tmp_path)["config"]["lr"] == 0.001  # the root's newest: this run
+    retired = sorted(p.name[:len("retired-checkpoint-00000000")] for p in tmp_path.iterdir()
+                     if p.name.startswith("retired-"))
+    assert retired == ["retired-checkpoint-00000006", "retired-checkpoint-00000008",
+                       "retired-checkpoint-00000010", "retired-checkpoint-00000012"]
+    [path_12] = tmp_path.glob("retired-checkpoint-00000012-*")
+    kept = load_checkpoint(path_12)
+    assert kept["trainer"] == first_12["trainer"] and kept["config"]["lr"] == 0.05
+    assert all(torch.equal(kept["model"][k], v) for k, v in first_12["model"].items())
