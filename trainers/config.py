@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from trainers.fields import option, require
+from trainers.fields import check_fields, option, require
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Schedule = Literal["constant", "linear", "cosine", "wsd"]
@@ -98,6 +98,7 @@ class TrainConfig:
     seed: int = option(0, "seed of model init, data order, dropout, in [0, 2**32)")
 
     def __post_init__(self) -> None:
+        check_fields(self)  # types, choices, finiteness: what build() checks of a mapping
         positive = ["micro_batch_size", "grad_accum_steps", "eval_batch_size", "max_updates",
                     "max_epochs", "eval_interval", "checkpoint_interval", "keep_last_checkpoints",
                     "early_stopping_patience"]

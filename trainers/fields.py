@@ -162,6 +162,22 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
     return cls(**{name: coerce(infos[name], v) for name, v in values.items()})
 
 
+def check_fields(instance: Any) -> None:
+    """Hold every field of a configuration dataclass to its annotation, as :func:`build`
+    does (:func:`coerce`: types, ``Literal`` choices, finite floats, null only where
+    nullable), so that one built directly is refused alike; an ``int`` given to a
+    ``float`` field becomes a float. Call it first in ``__post_init__``.
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
+    for info in describe(type(instance)):
+        value = getattr(instance, info.name)
+        coerced = coerce(info, value)
+        if type(coerced) is not type(value):
+            object.__setattr__(instance, info.name, coerced)  # frozen dataclasses too
+
+
 def to_dict(instance: Any) -> dict[str, Any]:
     """The fields of a configuration dataclass as a JSON-compatible dict."""
     return dataclasses.asdict(instance)

@@ -46,6 +46,7 @@ from torch import nn
 
 from trainers.config import TrainConfig
 from trainers.distributed import DistInfo, wrap_ddp
+from trainers.errors import ConfigError
 from trainers.precision import build_scaler
 from trainers.tasks.base import Task
 
@@ -53,7 +54,13 @@ _LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def is_sharded(config: TrainConfig, info: DistInfo) -> bool:
-    """Whether this run shards its model: ``parallelism`` fsdp and more than one rank."""
+    """Whether this run shards its model: ``parallelism`` fsdp and more than one rank.
+
+    Raises:
+        ConfigError: ``parallelism`` is neither ddp nor fsdp (never taken for ddp).
+    """
+    if config.parallelism not in ("ddp", "fsdp"):
+        raise ConfigError("parallelism", f"must be ddp or fsdp, got {config.parallelism!r}")
     return config.parallelism == "fsdp" and info.enabled
 
 

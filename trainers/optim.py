@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from trainers.config import TrainConfig
+from trainers.errors import ConfigError
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -27,8 +28,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer named by ``config.optimizer`` at the peak LR ``config.lr``."""
+    """The optimizer named by ``config.optimizer`` at the peak LR ``config.lr``.
+
+    Raises:
+        ConfigError: another optimizer name (never taken for the default).
+    """
     groups = param_groups(model, config.weight_decay)
     if config.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2))
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr,
+                                 betas=(config.adam_beta1, config.adam_beta2))
+    raise ConfigError("optimizer", f"must be adamw or sgd, got {config.optimizer!r}")
