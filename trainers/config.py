@@ -126,6 +126,9 @@ class TrainConfig:
                 f"must be > 0 or null, got {self.max_grad_norm}")
         require(self.ema_decay is None or 0 <= self.ema_decay < 1, "ema_decay",
                 f"must be in [0, 1) or null, got {self.ema_decay}")
+        require(self.checkpoint_dir is None or self.checkpoint_dir.strip() != "",
+                "checkpoint_dir", f"must be a directory or null (no checkpoints), got "
+                                  f"{self.checkpoint_dir!r}")
         device = self.device
         require(device in ("auto", "cpu", "cuda") or (device.startswith("cuda:")
                 and device[5:].isdigit()), "device",

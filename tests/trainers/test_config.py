@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from torch import nn
 
+from tests.trainers.cli_in_process import run_main
 from trainers.config import TrainConfig
 from trainers.errors import ConfigError
 from trainers.fsdp import is_sharded
@@ -70,3 +71,16 @@ def test_an_unknown_parallelism_is_never_run_as_ddp():
                                                      "must be ddp or fsdp, got 'zero3'")
     assert is_sharded(_unchecked(parallelism="fsdp"), dist) is True
     assert is_sharded(TrainConfig(), dist) is False
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_checkpoint_dir_is_refused_not_taken_for_none(empty):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(checkpoint_dir=empty)
+    assert (info.value.field, info.value.reason) == (
+        "checkpoint_dir", f"must be a directory or null (no checkpoints), got {empty!r}")
+    proc = run_main("digits", "--checkpoint-dir", empty)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"trainers: error: --checkpoint-dir: must be a directory or null (no checkpoints), "
+        f"got {empty!r}")
