@@ -216,7 +216,8 @@ def new_temp_dir(root: Path, step: int) -> tuple[Path, Path]:
 def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
     """Rename the complete checkpoint ``tmp`` to ``final``, then retire the checkpoints of
     later steps (:func:`_retire_later`) and apply retention under their root. A
-    checkpoint already at ``final`` is replaced when it is this run's own, else retired.
+    checkpoint already at ``final`` is replaced when it is of the same task, config and
+    options (this run's own), else retired.
 
     Raises:
         CheckpointWriteError: the file system refused; ``tmp`` is removed.
@@ -245,18 +246,20 @@ def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
     _prune(root, keep_last)
 
 
+_RUN_KEYS = ("task", "config", "options")  # what meta.json says of the run (not its position)
+
+
 def _same_trajectory(old: Path, new: Path) -> bool:
     """Whether the checkpoint ``old`` of the same step as ``new`` is of the same run: their
-    ``meta.json`` agree but for the metrics (a run writes a step twice when an evaluation
-    follows a checkpoint of the interval), which another config resumed into the root
-    (or anything unreadable) does not."""
+    ``meta.json`` agree on task, config and options. A run writes a step twice when an
+    evaluation follows a checkpoint of the interval (the metrics differ, and at an epoch's
+    end the epoch and position too); another config resumed into the root (or anything
+    unreadable) is another trajectory."""
     try:
         metas = [read_json(path / META_FILE) for path in (old, new)]
-    except (OSError, ValueError):
+        return all(metas[0][key] == metas[1][key] for key in _RUN_KEYS)
+    except (OSError, ValueError, KeyError, TypeError):
         return False
-    for meta in metas:
-        meta.pop("metrics", None)
-    return metas[0] == metas[1]
 
 
 def _retired_name(path: Path) -> Path:

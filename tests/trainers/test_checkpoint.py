@@ -382,9 +382,10 @@ REPLACE_KILL_SCRIPT = textwrap.dedent("""
         return real_rmtree(path, *a, **kw)
 
     checkpoint.os.rename, checkpoint.shutil.rmtree = rename, rmtree
-    checkpoint.save_checkpoint(root, 2, {"version": "old", "step": 2}, {"step": 2}, keep_last=1)
-    checkpoint.save_checkpoint(root, 3, {"version": "old", "step": 3}, {"step": 3}, keep_last=1)
-    checkpoint.save_checkpoint(root, 3, {"version": "new", "step": 3}, {"step": 3}, keep_last=1)
+    run = {"task": "t", "config": {"lr": 0.1}, "options": {}}  # one run: a replacement
+    for version, step in [("old", 2), ("old", 3), ("new", 3)]:
+        checkpoint.save_checkpoint(root, step, {"version": version, "step": step},
+                                   {"step": step, **run}, keep_last=1)
 """)
 
 
@@ -433,3 +434,16 @@ def test_resuming_an_older_checkpoint_into_the_same_root_retires_the_later_ones(
     kept = load_checkpoint(path_12)
     assert kept["trainer"] == first_12["trainer"] and kept["config"]["lr"] == 0.05
     assert all(torch.equal(kept["model"][k], v) for k, v in first_12["model"].items())
+
+
+def test_a_step_written_twice_by_the_same_run_is_replaced_not_retired(tmp_path):
+    """checkpoint_interval 1 and end-of-epoch evaluations: the last update of an epoch is
+    checkpointed, then evaluated (a new epoch, position 0) and checkpointed again."""
+    fit(RegressionTask(), TrainConfig(micro_batch_size=8, max_epochs=2, checkpoint_interval=1,
+                                      checkpoint_dir=str(tmp_path), keep_last_checkpoints=1,
+                                      checkpoint_fsync=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best.json", "checkpoint-00000008", "checkpoint-00000016"]
+    state = load_checkpoint(tmp_path / "checkpoint-00000016")  # the evaluation's version
+    assert (state["trainer"]["epoch"], state["trainer"]["position"]) == (2, 0)
+    assert state["last_eval"] == [16, 128] and len(state["history"]) == 2
