@@ -116,7 +116,12 @@ def _recover(root: Path) -> None:
     """Put back the checkpoint a writer killed between :func:`publish`'s two renames
     left under temporary names: its complete new version (``.tmp-``, written and
     fsync'ed before the renames) or else the replaced one (``.trash-``). Only for
-    writers that are dead, and steps with no checkpoint in place."""
+    writers that are dead, and steps with no checkpoint in place.
+
+    A ``.tmp-`` is put in place only beside its ``.trash-`` twin, the mark of a replace
+    cut between its renames: one alone was never published (its writer died before the
+    rename, or its save failed), and stays a leftover for :func:`_prune` to remove, as
+    before. Putting it back would revive a step that a resumed run had just retired."""
     try:
         children = sorted(root.iterdir(), key=lambda p: not p.name.startswith(".tmp-"))
     except OSError:
@@ -126,6 +131,9 @@ def _recover(root: Path) -> None:
         if m is None or _alive(int(m.group("pid"))):
             continue
         final = root / m.group("name")
+        twin = root / f".trash-{child.name[len('.tmp-'):]}"
+        if child.name.startswith(".tmp-") and not twin.exists():
+            continue
         if not final.exists() and _is_complete(child):
             with contextlib.suppress(OSError):  # a concurrent reader recovered it first
                 os.rename(child, final)
@@ -194,11 +202,28 @@ def writing(final: Path, tmp: Path | None = None) -> Iterator[None]:
     directory, if any: on a full disk, what it holds is best given back at once)."""
     try:
         yield
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        cause = _os_error(e)
+        if cause is None:  # a RuntimeError of anything but the file system
+            raise
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(
-            f"cannot write checkpoint {final}: {type(e).__name__}: {e}") from e
+            f"cannot write checkpoint {final}: {type(cause).__name__}: {cause}") from e
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """``e`` if an ``OSError``, else the ``OSError`` in its cause or context chain, if any:
+    ``torch.save`` failing mid-write (a full disk) raises its zip writer's
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos`` from the
+    ``OSError``."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def new_temp_dir(root: Path, step: int) -> tuple[Path, Path]:
@@ -247,18 +272,24 @@ def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
 
 
 _RUN_KEYS = ("task", "config", "options")  # what meta.json says of the run (not its position)
+# config fields that say where and how a run keeps or loads things, not which run it is: a
+# resume may give them anew (another spelling of the checkpoint directory, more workers)
+_PLACE_KEYS = ("checkpoint_dir", "checkpoint_fsync", "keep_last_checkpoints",
+               "checkpoint_interval", "num_workers", "eval_batch_size", "device")
 
 
 def _same_trajectory(old: Path, new: Path) -> bool:
     """Whether the checkpoint ``old`` of the same step as ``new`` is of the same run: their
-    ``meta.json`` agree on task, config and options. A run writes a step twice when an
-    evaluation follows a checkpoint of the interval (the metrics differ, and at an epoch's
-    end the epoch and position too); another config resumed into the root (or anything
-    unreadable) is another trajectory."""
+    ``meta.json`` agree on task, config and options (config but for ``_PLACE_KEYS``). A run
+    writes a step twice when an evaluation follows a checkpoint of the interval (the
+    metrics differ, and at an epoch's end the epoch and position too); another config
+    resumed into the root (or anything unreadable) is another trajectory."""
     try:
         metas = [read_json(path / META_FILE) for path in (old, new)]
+        for meta in metas:
+            meta["config"] = {k: v for k, v in meta["config"].items() if k not in _PLACE_KEYS}
         return all(metas[0][key] == metas[1][key] for key in _RUN_KEYS)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 

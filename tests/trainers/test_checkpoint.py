@@ -447,3 +447,78 @@ def test_a_step_written_twice_by_the_same_run_is_replaced_not_retired(tmp_path):
     state = load_checkpoint(tmp_path / "checkpoint-00000016")  # the evaluation's version
     assert (state["trainer"]["epoch"], state["trainer"]["position"]) == (2, 0)
     assert state["last_eval"] == [16, 128] and len(state["history"]) == 2
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_lone_temporary_checkpoint_is_never_put_back_in_place(tmp_path):
+    """A breaker: a ``.tmp-`` that a writer left before its only rename (never published)
+    was put back by the listing inside the save that had just retired that step, and then
+    counted by retention: the resumed run's own checkpoint was pruned and the abandoned
+    trajectory became the root's newest again. Only a ``.tmp-`` beside its ``.trash-``
+    twin (a replace cut between its renames) is put back."""
+    config = TrainConfig(micro_batch_size=8, max_updates=6, max_epochs=None, eval_interval=2,
+                         checkpoint_dir=str(tmp_path), keep_last_checkpoints=10,
+                         checkpoint_fsync=False)
+    fit(RegressionTask(), config)
+    stray = tmp_path / f".tmp-checkpoint-00000006-{_dead_pid()}-deadbeef"
+    os.system(f"cp -r {tmp_path / 'checkpoint-00000006'} {stray}")
+    fit(RegressionTask(), config.replace(max_updates=5, eval_interval=1, lr=0.01,
+                                         keep_last_checkpoints=1),
+        resume_from=tmp_path / "checkpoint-00000004")
+    steps = [s for s, _ in list_checkpoints(tmp_path)]
+    assert steps[-1] == 5 and 6 not in steps
+    assert load_checkpoint(tmp_path)["config"]["lr"] == 0.01
+    assert not stray.exists()
+
+
+def test_a_full_disk_inside_torch_save_is_a_checkpoint_write_error(tmp_path, monkeypatch):
+    """A breaker: ``torch.save`` failing mid-write raises its zip writer's RuntimeError
+    ("unexpected pos") during the OSError, which passed as a traceback; any other
+    RuntimeError is not the file system's and goes through as it is."""
+    from trainers import checkpoint
+    from trainers.errors import CheckpointWriteError
+
+    def full_disk(*a, **kw):
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError(  # noqa: B904 - as torch raises it: the OSError its context
+                "[enforce fail at inline_container.cc:672] unexpected pos")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(CheckpointWriteError, match=r"checkpoint-00000001: OSError: \[Errno "
+                                                   r"28\] No space left on device$"):
+        checkpoint.save_checkpoint(tmp_path, 1, {}, {"step": 1}, keep_last=1, durable=False)
+    assert list(tmp_path.iterdir()) == []  # the temporary directory went too
+
+    def bug(*a, **kw):
+        raise RuntimeError("not the disk")
+
+    monkeypatch.setattr(checkpoint.torch, "save", bug)
+    with pytest.raises(RuntimeError, match="^not the disk$"):
+        checkpoint.save_checkpoint(tmp_path, 1, {}, {"step": 1}, keep_last=1, durable=False)
+
+
+@pytest.mark.parametrize("change, retired", [
+    ({"checkpoint_dir": "ckpt/../ckpt"}, False), ({"num_workers": 2}, False),
+    ({"keep_last_checkpoints": 5, "device": "cpu", "eval_batch_size": 4}, False),
+    ({"lr": 0.5}, True), ({"seed": 1}, True)])
+def test_a_step_written_again_with_only_its_places_changed_is_the_same_run(
+        tmp_path, change, retired):
+    """A breaker: resuming with the directory spelt another way (or ``--num-workers 1``)
+    retired the run's own checkpoint of the step it wrote again, and kept it forever."""
+    from trainers.checkpoint import save_checkpoint
+
+    run = {"task": "t", "options": {}}
+    config = {"lr": 0.1, "seed": 0, "checkpoint_dir": "ckpt", "num_workers": 0}
+    save_checkpoint(tmp_path, 3, {"v": 1}, {"step": 3, **run, "config": config}, keep_last=2,
+                    durable=False)
+    save_checkpoint(tmp_path, 3, {"v": 2}, {"step": 3, **run, "config": {**config, **change}},
+                    keep_last=2, durable=False)
+    assert load_checkpoint(tmp_path) == {"v": 2}
+    assert any(p.name.startswith("retired-") for p in tmp_path.iterdir()) is retired
