@@ -177,6 +177,7 @@ class _Loop:
         self.started = time.perf_counter()
         self.last_eval = restored.last_eval
         self.rng_snapshot: list[Any] | None = None
+        self.window_snapshot: list[dict[str, Any]] | None = None  # every rank's, by rank
         # a reporter that decides itself which reports carry a checkpoint
         # (``checkpoints_on_request``) gets one only through ``save_checkpoint``
         self.eager_checkpoints = run.checkpoint_root is not None and not getattr(
@@ -434,6 +435,10 @@ class _Loop:
 
     def _snapshot_rng(self) -> None:
         self.rng_snapshot = gather_objects(ckpt.capture_rng(), self.run.dist)
+        # each rank's own training-loss window: a resumed rank continues its own, so the
+        # next train_loss sums what the uninterrupted ranks would (rank 0's alone, taken
+        # by every rank, counted it world_size times)
+        self.window_snapshot = gather_objects(dataclasses.asdict(self.window), self.run.dist)
 
     def _meta(self, metrics: dict[str, float] | None = None) -> dict[str, Any]:
         s = self.state
@@ -448,11 +453,12 @@ class _Loop:
             return None
         if run.sharded_checkpoints:
             return dcp.save(run, run_state(run, self.state, self.window, self.history,
-                                           self.last_eval, self.rng_snapshot, sharded=True), meta)
+                                           self.last_eval, self.rng_snapshot, sharded=True,
+                                           windows=self.window_snapshot), meta)
         if not run.dist.is_main:
             return None
         state = run_state(run, self.state, self.window, self.history, self.last_eval,
-                          self.rng_snapshot)
+                          self.rng_snapshot, windows=self.window_snapshot)
         return ckpt.save_checkpoint(run.checkpoint_root, self.state.step, state, meta,
                                     run.config.keep_last_checkpoints,
                                     durable=run.config.checkpoint_fsync)

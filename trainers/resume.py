@@ -59,7 +59,8 @@ class Restored:
 
 def run_state(run: Run, state: TrainState, window: Window, history: list[dict[str, float]],
               last_eval: tuple[int, int] | None, rng: list[Any] | None,
-              sharded: bool = False) -> dict[str, Any]:
+              sharded: bool = False, windows: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
     """The content of a checkpoint's ``state.pt``: tensors and plain Python values.
 
     Args:
@@ -67,15 +68,19 @@ def run_state(run: Run, state: TrainState, window: Window, history: list[dict[st
         last_eval: ``(step, samples)`` of the last evaluation, so that a resume at
             that very position does not evaluate and report it as a new one.
         rng: every rank's RNG states (``checkpoint.capture_rng``), by rank.
+        windows: every rank's metrics window (``dataclasses.asdict(Window)``), by rank;
+            ``window`` is this rank's (rank 0's, the one that writes), kept for older readers.
         sharded: leave out the model, optimizer and EMA weights (a sharded
             checkpoint writes them with DCP, ``trainers.dcp``) and keep the
             EMA's update count only.
     """
     if sharded:
         ema = {"n_updates": run.ema.n_updates} if run.ema is not None else None
-        return {**_common_state(run, state, window, history, last_eval, rng), "ema": ema}
+        return {**_common_state(run, state, window, history, last_eval, rng),
+                "windows": windows, "ema": ema}
     return {
         **_common_state(run, state, window, history, last_eval, rng),
+        "windows": windows,
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
         "ema": run.ema.state_dict() if run.ema is not None else None,
@@ -140,6 +145,9 @@ def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Re
         KeyError, TypeError: the checkpoint lacks a part.
     """
     trainer, rng, window = saved["trainer"], saved["rng"], saved.get("window")
+    windows = saved.get("windows")
+    if windows is not None and len(windows) == run.dist.world_size:
+        window = windows[run.dist.rank]  # this rank's own (a checkpoint of before: rank 0's)
     watched = saved["config"].get("early_stopping_metric") or run.task.objective
     last_eval = tuple(saved["last_eval"]) if saved.get("last_eval") else None
     restored = Restored(Window(**window) if window else Window(),

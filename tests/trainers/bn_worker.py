@@ -39,7 +39,8 @@ def run(out: Path, name: str, resume: int | None) -> dict:
                  reporter, resume_from=source)
     ema = None if result.ema_model is None else weights(result.ema_model)
     return {"model": weights(result.model), "ema": ema,
-            "val_loss": [r["val_loss"] for r in reporter.reports]}
+            "val_loss": [r["val_loss"] for r in reporter.reports],
+            "train_loss": [r["train_loss"] for r in reporter.reports]}
 
 
 def main(out: Path) -> None:

@@ -56,6 +56,8 @@ def test_resume_is_bit_identical_on_every_rank(ranks, name):
             if full["ema"] is not None:
                 _assert_equal(resumed["ema"], full["ema"], (r, step, "ema"))
             assert resumed["val_loss"] == full["val_loss"][-len(resumed["val_loss"]):]
+            # a breaker: resumed between evaluations, every rank took rank 0's loss window
+            assert resumed["train_loss"] == full["train_loss"][-len(resumed["train_loss"]):]
     # both ranks hold one model: rank 0's buffers
     _assert_equal(ranks[1][(name, None)]["model"], ranks[0][(name, None)]["model"], name)
 
