@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.trainers.ddp_worker import CONFIG, OPTIONS
+from tests.trainers.torchrun import rank_results
 from tests.trainers.toy_tasks import RegressionTask, flat_params
 from trainers import ListReporter, TrainConfig, fit
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # the torchrun of the module fixture: 8 s here (2 idle cores)
 
@@ -22,12 +16,7 @@ pytestmark = pytest.mark.slow  # the torchrun of the module fixture: 8 s here (2
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.trainers.ddp_worker", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, timeout=240, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)], out
+    return rank_results("tests.trainers.ddp_worker", out), out
 
 
 def test_parameters_identical_on_both_ranks_and_equal_single_process(ranks):

@@ -10,34 +10,23 @@ uninterrupted run's, and a model file's evaluation missed the run's metrics.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.trainers.bn_worker import CONFIG, OPTIONS, RESUMES, VARIANTS
+from tests.trainers.torchrun import rank_results
 from tests.trainers.toy_tasks import RegressionTask
 from trainers import TrainConfig
 from trainers.distributed import DistInfo
 from trainers.evaluation import evaluate
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # one torchrun, 2 ranks, 9 runs: about 20 s on 2 idle cores
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bn")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.trainers.bn_worker", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, timeout=400, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return rank_results("tests.trainers.bn_worker", tmp_path_factory.mktemp("bn"), timeout=400)
 
 
 def _assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what) -> None:

@@ -8,9 +8,7 @@ checkpoint). Each launch has a timeout, so a hang fails.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -18,21 +16,18 @@ import pytest
 import torch
 
 from tests.trainers.fsdp_worker import CONFIG, OPTIONS
+from tests.trainers.torchrun import torchrun
 from tests.trainers.toy_tasks import RegressionTask, flat_params
 from trainers import CheckpointError, ListReporter, TrainConfig, fit
 from trainers import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow  # about 30 s on 2 idle cores
 
-REPO = Path(__file__).resolve().parents[2]
 VOLATILE = ("time_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes")
 
 
 def _torchrun(mode: str, out: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.trainers.fsdp_worker", mode, str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, cwd=REPO, env=env, timeout=240, capture_output=True, text=True)
+    return torchrun("tests.trainers.fsdp_worker", mode, str(out))
 
 
 def _stable(reports: list[dict]) -> list[dict]:
