@@ -131,8 +131,7 @@ def _recover(root: Path) -> None:
         if m is None or _alive(int(m.group("pid"))):
             continue
         final = root / m.group("name")
-        twin = root / f".trash-{child.name[len('.tmp-'):]}"
-        if child.name.startswith(".tmp-") and not twin.exists():
+        if child.name.startswith(".tmp-") and not _trash_of(child).exists():
             continue
         if not final.exists() and _is_complete(child):
             with contextlib.suppress(OSError):  # a concurrent reader recovered it first
@@ -141,6 +140,11 @@ def _recover(root: Path) -> None:
 
 def _alive(pid: int) -> bool:
     return pid == os.getpid() or process_alive(pid)
+
+
+def _trash_of(tmp: Path) -> Path:
+    """Where :func:`publish` moves the checkpoint that ``tmp`` (``.tmp-...``) replaces."""
+    return tmp.parent / f".trash-{tmp.name[len('.tmp-'):]}"
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -255,7 +259,7 @@ def publish(tmp: Path, final: Path, keep_last: int, durable: bool) -> None:
         if final.exists() and not _same_trajectory(final, tmp):
             os.rename(final, _retired_name(final))  # another run's: kept, see _retire_later
         elif final.exists():
-            trash = root / f".trash-{tmp.name[len('.tmp-'):]}"
+            trash = _trash_of(tmp)
             os.rename(final, trash)
         try:  # killed right here: the next reader puts tmp in place (_recover)
             os.rename(tmp, final)
@@ -329,7 +333,7 @@ def _prune(root: Path, keep_last: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
     for child in root.iterdir():  # leftovers of writers that died
         m = _TMP.match(child.name) or _TMP_FILE.match(child.name)
-        if m and int(m.group("pid")) != os.getpid() and not process_alive(int(m.group("pid"))):
+        if m and not _alive(int(m.group("pid"))):
             if child.is_dir():
                 shutil.rmtree(child, ignore_errors=True)
             else:

@@ -76,11 +76,10 @@ def run_state(run: Run, state: TrainState, window: Window, history: list[dict[st
     """
     if sharded:
         ema = {"n_updates": run.ema.n_updates} if run.ema is not None else None
-        return {**_common_state(run, state, window, history, last_eval, rng),
-                "windows": windows, "ema": ema}
+        return {**_common_state(run, state, window, history, last_eval, rng, windows),
+                "ema": ema}
     return {
-        **_common_state(run, state, window, history, last_eval, rng),
-        "windows": windows,
+        **_common_state(run, state, window, history, last_eval, rng, windows),
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
         "ema": run.ema.state_dict() if run.ema is not None else None,
@@ -88,7 +87,8 @@ def run_state(run: Run, state: TrainState, window: Window, history: list[dict[st
 
 
 def _common_state(run: Run, state: TrainState, window: Window, history: list[dict[str, float]],
-                  last_eval: tuple[int, int] | None, rng: list[Any] | None) -> dict[str, Any]:
+                  last_eval: tuple[int, int] | None, rng: list[Any] | None,
+                  windows: list[dict[str, Any]] | None) -> dict[str, Any]:
     return {
         "format": CHECKPOINT_FORMAT,
         "task": run.task.name,
@@ -102,6 +102,7 @@ def _common_state(run: Run, state: TrainState, window: Window, history: list[dic
         "history": history,
         "last_eval": list(last_eval) if last_eval is not None else None,
         "rng": rng,
+        "windows": windows,
     }
 
 

@@ -138,7 +138,7 @@ def load_corpus(files: list[Path], cache_dir: Path) -> Corpus:
         key = hashlib.sha256(json.dumps([[str(f), f.stat().st_size, f.stat().st_mtime_ns]
                                          for f in files]).encode()).hexdigest()
     except OSError as e:
-        raise ConfigError("corpus", f"cannot read the corpus: {type(e).__name__}: {e}") from None
+        raise _corpus_error(e) from None
     final = cache_dir / f"charlm-{key[:16]}"
     if not (final / "vocab.json").is_file():
         try:
@@ -164,6 +164,10 @@ def load_corpus(files: list[Path], cache_dir: Path) -> Corpus:
         raise _cache_error(cache_dir, e) from None
 
 
+def _corpus_error(e: OSError) -> ConfigError:
+    return ConfigError("corpus", f"cannot read the corpus: {type(e).__name__}: {e}")
+
+
 def _cache_error(cache_dir: Path, e: Exception) -> ConfigError:
     return ConfigError("cache_dir", f"cannot keep the token cache in {cache_dir}: "
                                     f"{type(e).__name__}: {e}")
@@ -173,7 +177,7 @@ def _tokenize(files: list[Path], out: Path) -> None:
     try:
         text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
     except OSError as e:
-        raise ConfigError("corpus", f"cannot read the corpus: {type(e).__name__}: {e}") from None
+        raise _corpus_error(e) from None
     if not text:
         raise ConfigError("corpus", "the corpus is empty")
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
