@@ -172,8 +172,8 @@ def _build(setup: TrialSetup, params: dict[str, Any], workdir: Path,
            checkpoint_dir: Path | None = None):
     torch.set_num_threads(setup.threads)
     task_cls = trainers.load_task(setup.target) if setup.target else setup.task
-    task, config = trainers.create(task_cls, {**setup.config, **params, "device": setup.device})
-    task.name = setup.task  # registered name, which model files record (see trainers.create)
+    task, config = trainers.create(task_cls, {**setup.config, **params, "device": setup.device},
+                                   registered=setup.task)
     # a working copy: Tune copies each reported checkpoint to its storage at once
     return task, config.replace(checkpoint_dir=str(checkpoint_dir or workdir / "checkpoints"),
                                 keep_last_checkpoints=1, checkpoint_fsync=False)

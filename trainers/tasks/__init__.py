@@ -140,12 +140,14 @@ def load_task(target: str) -> type[Task]:
     return cls
 
 
-def create(name: str | type[Task], params: Mapping[str, Any] | None = None
-           ) -> tuple[Task, TrainConfig]:
+def create(name: str | type[Task], params: Mapping[str, Any] | None = None, *,
+           registered: str | None = None) -> tuple[Task, TrainConfig]:
     """A task instance and its ``TrainConfig`` from one flat mapping of parameters.
 
-    ``name`` is a registered task's name, or a task class (``load_task``). The task's
-    ``name`` is the registered name it was created by, whatever its class says.
+    ``name`` is a registered task's name, or a task class (``load_task``); for a class,
+    ``registered`` is the name it is registered under, if any (a trial loads its class from
+    the code Ray shipped). The task's ``name`` is that registered name, whatever its class
+    says: checkpoints and model files record it, and ``trainers evaluate`` looks it up.
 
     Each key is either a ``TrainConfig`` field or one of the task's options;
     ``TrainConfig`` starts from the task's ``default_config``.
@@ -155,7 +157,8 @@ def create(name: str | type[Task], params: Mapping[str, Any] | None = None
         ConfigError: a key is neither a ``TrainConfig`` field nor a task option,
             or a value is invalid (the error names the key).
     """
-    cls, name = (get_task(name), name) if isinstance(name, str) else (name, name.name)
+    cls, name = (get_task(name), name) if isinstance(name, str) else (
+        name, registered or name.name)
     params = dict(params or {})
     config_names = {f.name for f in describe(TrainConfig)}
     option_names = {f.name for f in cls.fields()}
@@ -167,8 +170,6 @@ def create(name: str | type[Task], params: Mapping[str, Any] | None = None
     config = build(TrainConfig, config_values)
     cls.check_config(config)
     task = cls(options)
-    if task.name != name:
-        # the name it is registered under, which checkpoints and model files record and
-        # `trainers evaluate` looks up, though the class says otherwise
+    if task.name != name:  # a class registered under another name than its own
         task.name = name
     return task, config
