@@ -62,6 +62,8 @@ UrlOpt = Annotated[str, typer.Option("--url", envvar="HPO_URL", callback=_servic
                                      help="the service's address")]
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar="HPO_TOKEN", show_default=False,
                                               help="API token (hpo token create)")]
+
+
 def _study_name(value: str) -> str:
     """A study NAME argument: one that no study can have is refused here (exit 2), before
     it reaches a URL (``x/../other`` would name the study ``other``)."""
