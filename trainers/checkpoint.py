@@ -286,7 +286,10 @@ def _same_trajectory(old: Path, new: Path) -> bool:
     """Whether the checkpoint ``old`` of the same step as ``new`` is of the same run: their
     ``meta.json`` agree on task, config and options (config but for ``_PLACE_KEYS``). A run
     writes a step twice when an evaluation follows a checkpoint of the interval (the
-    metrics differ, and at an epoch's end the epoch and position too); another config
+    metrics differ, and at an epoch's end the epoch and position too: the interval's is
+    kept so that an evaluation that fails, an out-of-memory at ``eval_batch_size``, is
+    resumed without training again), and again when resumed from it with nothing left
+    to train and asked for its last report's checkpoint; another config
     resumed into the root (or anything unreadable) is another trajectory."""
     try:
         metas = [read_json(path / META_FILE) for path in (old, new)]
@@ -314,8 +317,11 @@ def _retire_later(root: Path, step: int) -> None:
                 os.rename(path, _retired_name(path))
 
 
-def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = True) -> None:
-    """Record (atomically) that the checkpoint of ``step`` is the best so far.
+def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = True,
+              keep_last: int | None = None) -> None:
+    """Record (atomically) that the checkpoint of ``step`` is the best so far, then, with
+    ``keep_last``, apply retention again: the previous best, kept by the save of
+    ``step`` while it was still marked, is pruned unless among the ``keep_last`` newest.
 
     Raises:
         CheckpointWriteError: the file system refused.
@@ -323,6 +329,8 @@ def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = 
     payload = {"step": step, "metric": metric, "value": value}
     with writing(Path(root) / BEST_FILE):
         write_atomically(Path(root) / BEST_FILE, json.dumps(payload), durable)
+    if keep_last is not None:
+        _prune(Path(root), keep_last)
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -369,7 +369,8 @@ class _Loop:
             saved, wrote = self._save(meta), True
             if is_best and run.dist.is_main:
                 ckpt.mark_best(run.checkpoint_root, state.step, run.early_stopping_metric,
-                               state.best_value, durable=c.checkpoint_fsync)
+                               state.best_value, durable=c.checkpoint_fsync,
+                               keep_last=c.keep_last_checkpoints)
         # the reporter's checkpoint of this step is the one just written, if any
         decision = self.reporter.report(self._told(metrics),
                                         lambda: saved if wrote else self._save(meta))

@@ -105,17 +105,24 @@ def test_checkpoint_holds_every_piece_of_state(tmp_path):
     assert meta["step"] == 6 and meta["task"] == "toy-regression"
 
 
-def test_last_n_and_best_are_kept(tmp_path):
-    class Scripted(RegressionTask):
-        values = iter([5.0, 1.0, 4.0, 3.0, 2.5, 2.0])  # best at step 2
+@pytest.mark.parametrize("values, kept, best", [
+    ([5.0, 1.0, 4.0, 3.0, 2.5, 2.0], [2, 5, 6], 2),
+    # a new best prunes the previous one (before, it stayed: the save of step 6 still
+    # saw it marked best)
+    ([5.0, 1.0, 4.0, 3.0, 2.5, 0.5], [5, 6], 6),
+    ([5.0, 1.0, 4.0, 0.5, 2.5, 2.0], [4, 5, 6], 4),
+], ids=["best-early", "best-last", "best-moves"])
+def test_last_n_and_best_are_kept(tmp_path, values, kept, best):
+    scripted = iter(values)
 
+    class Scripted(RegressionTask):
         def eval_metrics(self, sums):
-            return {"val_loss": next(self.values)}
+            return {"val_loss": next(scripted)}
 
     fit(Scripted(OPTIONS), _config(tmp_path, max_updates=6, keep_last_checkpoints=2))
-    assert [step for step, _ in list_checkpoints(tmp_path)] == [2, 5, 6]
-    assert best_checkpoint(tmp_path).name == "checkpoint-00000002"
-    assert json.loads((tmp_path / "best.json").read_text())["value"] == 1.0
+    assert [step for step, _ in list_checkpoints(tmp_path)] == kept
+    assert best_checkpoint(tmp_path).name == f"checkpoint-{best:08d}"
+    assert json.loads((tmp_path / "best.json").read_text())["value"] == min(values)
 
 
 KILL_SCRIPT = textwrap.dedent("""
@@ -436,17 +443,40 @@ def test_resuming_an_older_checkpoint_into_the_same_root_retires_the_later_ones(
     assert all(torch.equal(kept["model"][k], v) for k, v in first_12["model"].items())
 
 
-def test_a_step_written_twice_by_the_same_run_is_replaced_not_retired(tmp_path):
+def test_an_interval_checkpoint_then_its_evaluation_replace_not_retire(tmp_path):
     """checkpoint_interval 1 and end-of-epoch evaluations: the last update of an epoch is
-    checkpointed, then evaluated (a new epoch, position 0) and checkpointed again."""
+    checkpointed (kept so that an evaluation that fails is resumed without training
+    again), then evaluated (a new epoch, position 0) and checkpointed again."""
     fit(RegressionTask(), TrainConfig(micro_batch_size=8, max_epochs=2, checkpoint_interval=1,
                                       checkpoint_dir=str(tmp_path), keep_last_checkpoints=1,
                                       checkpoint_fsync=False))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "best.json", "checkpoint-00000008", "checkpoint-00000016"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "checkpoint-00000016"]
     state = load_checkpoint(tmp_path / "checkpoint-00000016")  # the evaluation's version
     assert (state["trainer"]["epoch"], state["trainer"]["position"]) == (2, 0)
     assert state["last_eval"] == [16, 128] and len(state["history"]) == 2
+
+
+def test_a_step_written_twice_by_the_same_run_is_replaced_not_retired(tmp_path):
+    """A run resumed from its last checkpoint with nothing left to train reports its last
+    evaluation again, and a reporter that asks for that report's checkpoint gets the
+    same step written again: it replaces the first, it is not retired."""
+    class Saving:
+        def report(self, metrics, save_checkpoint):
+            self.path = save_checkpoint()
+            return Decision.CONTINUE
+
+    config = TrainConfig(micro_batch_size=8, max_epochs=2, checkpoint_interval=1,
+                         checkpoint_dir=str(tmp_path), keep_last_checkpoints=1,
+                         checkpoint_fsync=False)
+    fit(RegressionTask(), config)
+    first = load_checkpoint(tmp_path / "checkpoint-00000016")
+    reporter = Saving()
+    fit(RegressionTask(), config, reporter, resume_from=tmp_path)
+    assert reporter.path == tmp_path / "checkpoint-00000016"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "checkpoint-00000016"]
+    state = load_checkpoint(tmp_path / "checkpoint-00000016")
+    assert (state["trainer"]["epoch"], state["trainer"]["position"]) == (2, 0)
+    assert state["last_eval"] == [16, 128] and state["history"] == first["history"]
 
 
 def _dead_pid() -> int:
