@@ -207,13 +207,22 @@ def writing(final: Path, tmp: Path | None = None) -> Iterator[None]:
     try:
         yield
     except (OSError, RuntimeError) as e:
-        cause = _os_error(e)
-        if cause is None:  # a RuntimeError of anything but the file system
+        error = write_error(final, e)
+        if error is None:  # a RuntimeError of anything but the file system
             raise
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteError(
-            f"cannot write checkpoint {final}: {type(cause).__name__}: {cause}") from e
+        raise error from e
+
+
+def write_error(final: Path, e: BaseException) -> CheckpointWriteError | None:
+    """The :class:`CheckpointWriteError` of checkpoint ``final`` if ``e`` is (or was raised
+    while handling) an ``OSError``, naming it; else ``None``."""
+    cause = _os_error(e)
+    if cause is None:
+        return None
+    return CheckpointWriteError(f"cannot write checkpoint {final}: {type(cause).__name__}: "
+                                f"{cause}")
 
 
 def _os_error(e: BaseException) -> OSError | None:

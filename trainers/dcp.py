@@ -16,7 +16,10 @@ tells every rank its name; every rank writes its shards there (DCP); rank 0
 adds ``train_state.pt`` and ``meta.json``; after a barrier rank 0 renames the
 directory into place. A run killed at any point before the rename leaves the
 previous checkpoints untouched and loadable (the next save removes the
-leftover). The checkpoint root must be one directory all ranks reach (one
+leftover). A write that fails on any rank (a full disk) fails on every rank,
+as ``CheckpointWriteError`` where the file system refused: the barriers say
+whether a rank failed, so that none waits for the others, and rank 0 removes
+the temporary directory. The checkpoint root must be one directory all ranks reach (one
 machine, or shared storage).
 
 Weights and optimizer state go through ``torch.distributed.checkpoint.state_dict``
@@ -37,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +52,8 @@ import torch.distributed as dist
 from trainers import checkpoint as ckpt
 from trainers.components import Run
 from trainers.data import write_atomically
-from trainers.errors import CheckpointError
+from trainers.distributed import all_reduce_max
+from trainers.errors import CheckpointError, CheckpointWriteError
 from trainers.resume import CHECKPOINT_FORMAT, Restored, TrainState, restore_loop_state
 
 
@@ -59,11 +64,6 @@ def _quiet_if_alone(run: Run) -> Iterator[None]:
         if not run.dist.enabled:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _barrier(run: Run) -> None:
-    if run.dist.enabled:
-        dist.barrier()
 
 
 def _tensor_state(run: Run, with_ema: bool) -> dict[str, Any]:
@@ -78,13 +78,57 @@ def _tensor_state(run: Run, with_ema: bool) -> dict[str, Any]:
 
 
 def _agreed_temp_dir(run: Run, step: int) -> tuple[Path, Path]:
-    """Rank 0's new temporary directory and the final path, on every rank."""
-    names: list[Any] = [None, None]
+    """Rank 0's new temporary directory and the final path, on every rank.
+
+    Raises:
+        CheckpointWriteError: on every rank, when rank 0 could not create it.
+    """
+    names: list[Any] = [None, None, None]  # tmp, final, rank 0's error
     if run.dist.is_main:
-        names = [str(p) for p in ckpt.new_temp_dir(run.checkpoint_root, step)]
+        try:
+            names[:2] = [str(p) for p in ckpt.new_temp_dir(run.checkpoint_root, step)]
+        except CheckpointWriteError as e:
+            names[2] = str(e)
     if run.dist.enabled:
         dist.broadcast_object_list(names, src=0)
+    if names[2] is not None:
+        raise CheckpointWriteError(names[2] if run.dist.is_main else f"rank 0: {names[2]}")
     return Path(names[0]), Path(names[1])
+
+
+def _agree_on_failure(run: Run, failure: BaseException | None, final: Path,
+                      tmp: Path | None) -> None:
+    """Whether any rank failed a part of a save, on every rank (collective: it is the
+    save's barrier); if one did, every rank raises, so that none waits for the others
+    at the next collective, and rank 0 removes ``tmp``.
+
+    Raises:
+        CheckpointWriteError: a rank's write failed in the file system (a full disk);
+            ranks that did not fail say so of another rank.
+        BaseException: this rank's own failure, if not the file system's (DCP's
+            ``CheckpointException`` of another error is a ``BaseException``).
+    """
+    if all_reduce_max(0.0 if failure is None else 1.0, run.dist) == 0.0:
+        return
+    if run.dist.is_main and tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failure is None:
+        raise CheckpointWriteError(f"cannot write checkpoint {final}: another rank failed")
+    error = None
+    for cause in _failures(failure):
+        error = error or ckpt.write_error(final, cause)
+    if error is None:
+        raise failure
+    raise error from failure
+
+
+def _failures(e: BaseException) -> list[BaseException]:
+    """``e``, or the ranks' exceptions a ``CheckpointException`` of DCP gathered (its
+    ``failures``: rank -> exception, or (exception, traceback) as DCP wraps them)."""
+    failures = getattr(e, "failures", None)
+    if not isinstance(failures, dict):
+        return [e]
+    return [f[0] if isinstance(f, tuple) else f for f in failures.values()]
 
 
 def save(run: Run, state: dict[str, Any], meta: dict[str, Any]) -> Path | None:
@@ -100,25 +144,34 @@ def save(run: Run, state: dict[str, Any], meta: dict[str, Any]) -> Path | None:
         The checkpoint directory on rank 0; ``None`` on the other ranks.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     durable = run.config.checkpoint_fsync
     tmp, final = _agreed_temp_dir(run, state["trainer"]["step"])
-    with _quiet_if_alone(run):
-        dcp.save(_tensor_state(run, with_ema=True),
-                 storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable),
-                 no_dist=not run.dist.enabled)
+    failure: BaseException | None = None
+    try:
+        with _quiet_if_alone(run):
+            dcp.save(_tensor_state(run, with_ema=True),
+                     storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable),
+                     no_dist=not run.dist.enabled)
+        if run.dist.is_main:
+            with open(tmp / ckpt.SHARDED_STATE_FILE, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            write_atomically(tmp / ckpt.META_FILE, json.dumps(meta, indent=1, sort_keys=True),
+                             durable)
+    except (Exception, CheckpointException) as e:  # every rank must hear of it
+        failure = e
+    _agree_on_failure(run, failure, final, tmp)  # every rank's shards are in tmp
     if run.dist.is_main:
-        with open(tmp / ckpt.SHARDED_STATE_FILE, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        write_atomically(tmp / ckpt.META_FILE, json.dumps(meta, indent=1, sort_keys=True),
-                         durable)
-    _barrier(run)  # every rank's shards are in tmp
-    if run.dist.is_main:
-        ckpt.publish(tmp, final, run.config.keep_last_checkpoints, durable)
-    _barrier(run)  # no rank goes on (and perhaps reads it) before it is in place
+        try:
+            ckpt.publish(tmp, final, run.config.keep_last_checkpoints, durable)
+        except Exception as e:  # publish removed tmp
+            failure = e
+    # no rank goes on (and perhaps reads it) before it is in place
+    _agree_on_failure(run, failure, final, None)
     return final if run.dist.is_main else None
 
 

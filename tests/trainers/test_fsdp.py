@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.trainers.fsdp_worker import CONFIG, OPTIONS
-from tests.trainers.torchrun import torchrun
+from tests.trainers.torchrun import rank_results, torchrun
 from tests.trainers.toy_tasks import RegressionTask, flat_params
 from trainers import CheckpointError, ListReporter, TrainConfig, fit
 from trainers import checkpoint as ckpt
@@ -138,3 +138,40 @@ def test_fp16_skipped_updates_are_agreed_by_all_ranks(runs):
     assert [r["skipped_updates"] for r in r0["fp16_reports"]] == [23, 23]
     assert _stable(r0["fp16_reports"]) == _stable(r1["fp16_reports"])
     assert r0["fp16_reports"][-1]["loss_scale"] == 2.0**17
+
+
+FULL_DISK = "OSError: [Errno 28] No space left on device"
+
+
+@pytest.mark.parametrize("where, said", [
+    ("mkdir", [FULL_DISK, f"rank 0: cannot write checkpoint {{final}}: {FULL_DISK}"]),
+    ("shards", [FULL_DISK, FULL_DISK]),  # DCP tells every rank of rank 1's failure
+    ("meta", [FULL_DISK, "another rank failed"]),
+    ("rename", [FULL_DISK, "another rank failed"]),
+])
+def test_a_sharded_write_that_fails_on_one_rank_fails_on_every_rank(tmp_path, where, said):
+    """A full disk on one rank, at each step of a sharded save: before, rank 0's failures
+    (creating the temporary directory, ``meta.json``, the rename) left rank 1 at the
+    next collective, to fail only when rank 0's process went away (or wait for the
+    process group's timeout), a shard's was DCP's traceback-laden
+    ``CheckpointException``, and the temporary directory stayed. Every rank now raises
+    ``CheckpointWriteError`` at once, and only the earlier checkpoint is left."""
+    ranks = rank_results("tests.trainers.dcp_failure_worker", tmp_path, where, timeout=120)
+    final = tmp_path / "ckpt" / "checkpoint-00000002"
+    expected = [f"cannot write checkpoint {final}: {text}" if not text.startswith("rank 0")
+                else text.format(final=final) for text in said]
+    assert [r["raised"] for r in ranks] == [("CheckpointWriteError", e) for e in expected]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "best.json", "checkpoint-00000001"]
+
+
+def test_a_sharded_write_that_fails_otherwise_fails_on_every_rank_and_leaves_nothing(
+        tmp_path):
+    """Not the file system's failure (a bug in a writer): every rank raises it as DCP
+    gathered it, none waits for the others, and the temporary directory is removed."""
+    ranks = rank_results("tests.trainers.dcp_failure_worker", tmp_path, "bug", timeout=120)
+    for r in ranks:
+        name, text = r["raised"]
+        assert name == "CheckpointException" and "ValueError: bug" in text
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "best.json", "checkpoint-00000001"]

@@ -24,9 +24,9 @@ def torchrun(module: str, *args: str, timeout: float = 240) -> subprocess.Comple
                           text=True)
 
 
-def rank_results(module: str, out: Path, timeout: float = 240) -> list:
-    """Run ``module OUT`` under :func:`torchrun`, which must succeed, and load each rank's
-    ``OUT/rankR.pt``, by rank."""
-    proc = torchrun(module, str(out), timeout=timeout)
+def rank_results(module: str, out: Path, *args: str, timeout: float = 240) -> list:
+    """Run ``module OUT ARGS`` under :func:`torchrun`, which must succeed, and load each
+    rank's ``OUT/rankR.pt``, by rank."""
+    proc = torchrun(module, str(out), *args, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
