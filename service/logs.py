@@ -79,6 +79,10 @@ class ContextAndRedaction(logging.Filter):
         for key, value in _bound.items():
             if getattr(record, key, None) is None:
                 setattr(record, key, value)
+        for key in CONTEXT:  # a record's own context too (extra={"trial": ...})
+            value = getattr(record, key, None)
+            if isinstance(value, str):
+                setattr(record, key, redact(value))
         try:
             message = record.getMessage()
         except (TypeError, ValueError):  # arguments that do not fit: logging reports it
@@ -145,8 +149,9 @@ def configure(log_format: str = "text", level: int = logging.INFO, stream=None) 
 
 class RequestId:
     """ASGI middleware: each HTTP request gets an id, from a well-formed ``X-Request-ID``
-    header (1-64 of ``A-Z a-z 0-9 . _ -``) or a new one; it is in every log record written
-    while the request is served and in the answer's ``X-Request-ID`` header."""
+    header (1-64 of ``A-Z a-z 0-9 . _ -``, and not a token: a client that sent its token
+    there would have it logged and echoed) or a new one; it is in every log record
+    written while the request is served and in the answer's ``X-Request-ID`` header."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -156,7 +161,8 @@ class RequestId:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        rid = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        rid = given if REQUEST_ID.fullmatch(given) and not SECRET.search(given) \
+            else uuid.uuid4().hex
         token = request_id.set(rid)
 
         async def send_with_id(message) -> None:

@@ -65,6 +65,27 @@ def test_a_log_line_written_while_serving_carries_the_request_id(app, tokens, ca
     assert [(p["message"], p["request_id"]) for p in probe_lines] == [("in the request", rid)]
 
 
+@pytest.mark.parametrize("given", ["{token}", "x-{token}", "{token_upper}"])
+def test_a_token_sent_as_the_request_id_is_neither_logged_nor_echoed(app, tokens, captured,
+                                                                     given):
+    """A breaker: ``X-Request-ID: hpo_...`` (well-formed as an id) was kept as the request's
+    id, so the token was written unredacted into every log line of the request
+    (``[request_id=hpo_...]``) and echoed in the answer. Such an id is replaced."""
+    from fastapi.testclient import TestClient
+
+    token = tokens["alice"]
+    given = given.format(token=token, token_upper=token.upper())
+    with TestClient(app) as client:
+        answer = client.get("/v1/studies", headers={**bearer(token), "X-Request-ID": given})
+        logging.getLogger("service.probe").warning("during", extra={"study": f"s {token}"})
+    assert answer.status_code == 200
+    rid = answer.headers["x-request-id"]
+    assert len(rid) == 32 and rid != given
+    assert token not in captured.getvalue() and token.upper() not in captured.getvalue()
+    [probe] = [line for line in _lines(captured) if line["logger"] == "service.probe"]
+    assert probe["study"] == "s <hidden>"
+
+
 def test_study_and_trial_context(captured):
     logs.bind(study="digits-1")
     logging.getLogger("hpo.record").info("trial ended", extra={"trial": 7})
