@@ -3,10 +3,12 @@
 A token is ``hpo_`` followed by 43 URL-safe characters (256 random bits), so
 a plain SHA-256 (no salt, no slow hash) is safe to store and look up by: the
 secret cannot be guessed from it. A request names its token as
-``Authorization: Bearer TOKEN``; the dashboard also accepts the ``hpo_token``
-cookie that its login form sets (see :mod:`service.dashboard_login`). Every
-request resolves its token again (:func:`resolve`), so a token revoked or
-expired is refused from the next request on, a dashboard cookie included.
+``Authorization: Bearer TOKEN``; the dashboard also accepts the ``hpo_session``
+cookie that its login form sets (see :mod:`service.dashboard_login`): a session id
+of its own (:func:`create_session`), stored the same way, never the token. Every
+request resolves its token again (:func:`resolve`, :func:`resolve_session`), so a
+token revoked or expired is refused from the next request on, a dashboard session
+included.
 
 A token has a role (issue 15.1, :class:`service.db.Role`): ``admin`` (every
 owner's studies, the tokens, the audit), ``member`` (its own studies) or
@@ -26,12 +28,13 @@ import sqlalchemy as sa
 import sqlalchemy.exc
 from sqlalchemy.orm import sessionmaker
 
-from service.db import Role, TokenRow, autocommit, utcnow
+from service.db import DashboardSessionRow, Role, TokenRow, autocommit, utcnow
 from service.errors import Forbidden, NotAuthenticated, TokenExists
 
 TOKEN_PREFIX = "hpo_"
 TOKEN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
-COOKIE_NAME = "hpo_token"
+COOKIE_NAME = "hpo_session"  # the dashboard's session (service.dashboard_login)
+SESSION_PREFIX = "hpo_session_"  # + 43 URL-safe characters; hidden in logs as tokens are
 LAST_USED_EVERY_S = 60  # last_used_at is written at most this often per token
 
 log = logging.getLogger(__name__)
@@ -169,6 +172,11 @@ def resolve(sessions: sessionmaker, token: str | None) -> Principal:
         row = session.connection().execute(_BY_HASH, {"hash": hash_token(token)}).first()
     if row is None:
         raise NotAuthenticated("unknown token")
+    return _principal_of(sessions, row)
+
+
+def _principal_of(sessions: sessionmaker, row) -> Principal:
+    """The principal of a token's row, unless it was revoked or expired (see :func:`resolve`)."""
     now = utcnow()
     if row.revoked_at is not None:
         raise NotAuthenticated(f"token {row.name!r} was revoked at {_when(row.revoked_at)}")
@@ -178,6 +186,66 @@ def resolve(sessions: sessionmaker, token: str | None) -> Principal:
     if row.last_used_at is None or row.last_used_at < cutoff:
         _note_use(sessions, row.id, now, cutoff)
     return Principal(token_id=row.id, name=row.name, role=Role(row.role))
+
+
+_SESSIONS = DashboardSessionRow.__table__
+_BY_SESSION = sa.select(*_BY_HASH.selected_columns,
+                        _SESSIONS.c.expires_at.label("session_expires_at")).select_from(
+    _SESSIONS.join(_TOKENS, _SESSIONS.c.token_id == _TOKENS.c.id)).where(
+    _SESSIONS.c.session_hash == sa.bindparam("hash"))
+
+
+def create_session(sessions: sessionmaker, token: str, lifetime: dt.timedelta) -> str:
+    """Log ``token`` in to the dashboard: a new session id (``SESSION_PREFIX`` + 43
+    URL-safe characters, 256 random bits; only its SHA-256 is stored) that acts for the
+    token for ``lifetime``, until :func:`end_session`, or until the token is revoked or
+    expires. Sessions that have ended are deleted on the way.
+
+    Raises:
+        NotAuthenticated: ``token`` is missing, unknown, revoked or expired (as
+            :func:`resolve`).
+    """
+    who = resolve(sessions, token)
+    session_id = SESSION_PREFIX + secrets.token_urlsafe(32)
+    now = utcnow()
+    with sessions() as session:
+        session.execute(sa.delete(DashboardSessionRow).where(
+            DashboardSessionRow.expires_at <= now))
+        session.add(DashboardSessionRow(session_hash=hash_token(session_id),
+                                        token_id=who.token_id, created_at=now,
+                                        expires_at=now + lifetime))
+        session.commit()
+    return session_id
+
+
+def resolve_session(sessions: sessionmaker, session_id: str | None) -> Principal:
+    """The principal of a dashboard session id (the ``hpo_session`` cookie).
+
+    Raises:
+        NotAuthenticated: no id, an id no session has (logged out, or an older
+            version's cookie), a session that ended, or its token revoked or expired.
+    """
+    if not session_id:
+        raise NotAuthenticated("this needs a token: Authorization: Bearer TOKEN")
+    with autocommit(sessions) as session:
+        row = session.connection().execute(
+            _BY_SESSION, {"hash": hash_token(session_id)}).first()
+    if row is None:
+        raise NotAuthenticated("unknown dashboard session (logged out?): log in again")
+    if row.session_expires_at <= utcnow():
+        raise NotAuthenticated(f"the dashboard session ended at "
+                               f"{_when(row.session_expires_at)}: log in again")
+    return _principal_of(sessions, row)
+
+
+def end_session(sessions: sessionmaker, session_id: str | None) -> None:
+    """End the dashboard session ``session_id`` (a logout); nothing if there is none."""
+    if not session_id:
+        return
+    with sessions() as session:
+        session.execute(sa.delete(DashboardSessionRow).where(
+            DashboardSessionRow.session_hash == hash_token(session_id)))
+        session.commit()
 
 
 def _note_use(sessions: sessionmaker, token_id: int, now: dt.datetime,

@@ -51,10 +51,11 @@ its own, and many of its routes write: create, rename and delete studies,
   (``POST /incompatible-rdb-schema``; the service migrates its own tables, an
   Optuna schema upgrade is run by hand with ``optuna storage upgrade``) and
   the LLM routes (no provider is configured).
-* The token comes from ``Authorization: Bearer`` or the ``hpo_token`` cookie
-  set by the login step (:mod:`service.dashboard_login`); never from the
-  address. Every request resolves it again (:func:`service.auth.resolve`): a
-  revoked or expired token, cookie or not, answers 401 from its next request on.
+* The token comes from ``Authorization: Bearer``, or from the session of the
+  ``hpo_session`` cookie set by the login step (:mod:`service.dashboard_login`);
+  never from the address. Every request resolves it again
+  (:func:`service.auth.resolve`, :func:`service.auth.resolve_session`): a revoked
+  or expired token, an ended session, answers 401 from its next request on.
   A ``viewer`` token's request of any method but GET, HEAD and OPTIONS answers
   403. A cookie-authenticated write must come from the service's own pages
   (``Origin``/``Referer``, see there).
@@ -88,7 +89,7 @@ from starlette.responses import Response
 
 from service import dashboard_login, optuna_sql
 from service.api_errors import error_response
-from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve
+from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve, resolve_session
 from service.dashboard_input import input_problem, study_exists, with_accept_encoding
 from service.db import StudyRow
 from service.errors import NotAuthenticated
@@ -283,11 +284,12 @@ class DashboardGate:
     async def _principal(self, request: Request) -> tuple[Principal, bool]:
         """Who calls, and whether the cookie (not a bearer header) said so."""
         token = bearer(request.headers.get("authorization"))
-        by_cookie = token is None and COOKIE_NAME in request.cookies
-        token = token or request.cookies.get(COOKIE_NAME)
-        if token is None and self.settings.open_reads and request.method in READ_METHODS:
+        if token is not None:
+            return await run_in_threadpool(resolve, self.sessions, token), False
+        session_id = request.cookies.get(COOKIE_NAME)
+        if session_id is None and self.settings.open_reads and request.method in READ_METHODS:
             return ANONYMOUS, False
-        return await run_in_threadpool(resolve, self.sessions, token), by_cookie
+        return await run_in_threadpool(resolve_session, self.sessions, session_id), True
 
     def _sees_all(self, who: Principal) -> bool:
         return who.reads_all or self.settings.open_reads

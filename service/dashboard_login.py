@@ -1,19 +1,24 @@
 """The dashboard's login step, and the same-origin check of cookie-authenticated writes.
 
 A browser cannot send ``Authorization: Bearer`` when it follows a link, so the
-dashboard exchanges a token for the ``hpo_token`` cookie (HttpOnly,
-SameSite=Strict, Secure over https) in one explicit step:
+dashboard exchanges a token for a session, kept in the ``hpo_session`` cookie
+(HttpOnly, SameSite=Strict, Secure over https), in one explicit step:
 
 * ``GET /dashboard/login`` shows a small form (also shown, with status 401,
   in place of any dashboard page opened without a token);
 * ``POST /dashboard/login`` with ``token`` (and optionally ``next``, a
   ``/dashboard`` path) in an ``application/x-www-form-urlencoded`` body sets
   the cookie and redirects (303) to ``next`` (default ``/dashboard``);
-* ``POST /dashboard/logout`` clears the cookie.
+* ``POST /dashboard/logout`` ends the session and clears the cookie.
 
-The cookie holds the token itself, which the gate resolves on every request
-(:mod:`service.dashboard`): revoking the token (``hpo token revoke``) or its
-expiry ends the cookie's session at its next request.
+The cookie holds a session id of its own (``service.auth.create_session``), never
+the token: cookies are not bound to a port (RFC 6265, section 8.5), so whatever
+listens on another port of the host gets the cookie, and with the token it would
+have had the whole REST API (tokens, deletes) for as long as the token lived. A
+session only opens the dashboard, ends ``HPO_DASHBOARD_SESSION_HOURS`` after the
+login (default 12) or at its logout, and the gate (:mod:`service.dashboard`)
+resolves its token on every request: revoking the token (``hpo token revoke``) or
+its expiry ends the session at its next request.
 
 A token in the address (``?token=``) is never read: any page could link to
 it and so plant its own token in a visitor's browser (login CSRF). For the
@@ -31,6 +36,7 @@ cookie (``service.deps``).
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import re
 from collections.abc import Mapping
@@ -42,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api_errors import error_response
-from service.auth import COOKIE_NAME, resolve
+from service.auth import COOKIE_NAME, create_session, end_session
 from service.errors import NotAuthenticated
 from service.settings import Settings
 
@@ -62,8 +68,8 @@ _FORM = """<!doctype html><meta charset="utf-8"><title>hpo dashboard: token need
 <label>Token <input type="password" name="token" autocomplete="current-password" required
 autofocus></label><input type="hidden" name="next" value="{next}">
 <button type="submit">Log in</button></form>
-<p>Create a token with <code>hpo token create NAME</code>. The browser keeps it in an HttpOnly
-cookie until it closes.</p>"""
+<p>Create a token with <code>hpo token create NAME</code>. The browser keeps a session (not the
+token) in an HttpOnly cookie until it closes, you log out, or the session ends.</p>"""
 
 
 def login_page(next_path: str = "/dashboard", message: str = "",
@@ -88,6 +94,7 @@ async def answer(request: Request, sessions: sessionmaker, settings: Settings) -
     if refusal is not None:
         return refusal
     if not login:
+        await run_in_threadpool(end_session, sessions, request.cookies.get(COOKIE_NAME))
         response = RedirectResponse(LOGIN_PATH, status_code=303)
         response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
         return response
@@ -97,11 +104,13 @@ async def answer(request: Request, sessions: sessionmaker, settings: Settings) -
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
     token, next_path = form.get("token", [""])[0], form.get("next", ["/dashboard"])[0]
     try:
-        await run_in_threadpool(resolve, sessions, token.strip())
+        session_id = await run_in_threadpool(
+            create_session, sessions, token.strip(),
+            dt.timedelta(hours=settings.dashboard_session_hours))
     except NotAuthenticated as e:  # unknown, revoked or expired: the message says which
         return login_page(next_path, f"{str(e)[:1].upper()}{str(e)[1:]}.", status_code=401)
     response = RedirectResponse(_safe_next(next_path), status_code=303)
-    response.set_cookie(COOKIE_NAME, token.strip(), httponly=True, samesite="strict",
+    response.set_cookie(COOKIE_NAME, session_id, httponly=True, samesite="strict",
                         secure="https" in (request.url.scheme, urlsplit(settings.url).scheme),
                         path="/")
     return response

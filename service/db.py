@@ -254,6 +254,23 @@ class UsageEventRow(Base):
     device_seconds: Mapped[float] = mapped_column(sa.Float)
 
 
+class DashboardSessionRow(Base):
+    """A dashboard login (``service.dashboard_login``): the ``hpo_session`` cookie holds a
+    random session id, stored here as its SHA-256 (as tokens are), never the token. It
+    acts for its token while both are valid: until ``expires_at``
+    (``HPO_DASHBOARD_SESSION_HOURS`` after the login), its logout, or the token's
+    revocation or expiry. Deleting the token deletes its sessions."""
+
+    __tablename__ = "hpo_dashboard_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(sa.ForeignKey("hpo_tokens.id", ondelete="CASCADE"),
+                                          index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, index=True)
+
+
 class AuditRow(Base):
     """Who did what, when, from where (issue 15.5): creates, stops, deletes, token and quota
     changes. ``actor`` is the token's name (kept after the token is revoked)."""

@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     dispatch_interval_s: float = _var("HPO_DISPATCH_INTERVAL_S", 1.0, ge=0.01, le=600)
     num_cpus: int | None = _var("HPO_NUM_CPUS", None, ge=1, le=4096)
     public_url: str | None = _var("HPO_PUBLIC_URL", None)
+    dashboard_session_hours: float = _var("HPO_DASHBOARD_SESSION_HOURS", 12.0, gt=0, le=8760)
     run_dispatcher: bool = _var("HPO_RUN_DISPATCHER", True)
     warm_drivers: bool = _var("HPO_WARM_DRIVER", True)
     # the API's thread pool (its synchronous routes and dependencies); its database pools

@@ -4,7 +4,11 @@ authenticates no write from another origin (the issue's login CSRF and cookie CS
 
 from __future__ import annotations
 
+import datetime as dt
+import re
+
 import pytest
+import sqlalchemy as sa
 
 from service.auth import COOKIE_NAME
 from service.dashboard_login import cross_origin_refusal
@@ -26,6 +30,13 @@ def browser(app):
 def study_id(client, tokens, app) -> int:
     client.post("/v1/studies", json=tiny_spec("mine"), headers=bearer(tokens["alice"]))
     return app.state.components.studies.storage.get_study_id_from_name("mine")
+
+
+def login(browser, token: str) -> str:
+    """Log ``browser`` in through the form; the session id its cookie holds."""
+    r = browser.post("/dashboard/login", headers={**FORM, "Origin": OWN}, data={"token": token})
+    assert r.status_code == 303, r.text
+    return browser.cookies[COOKIE_NAME]
 
 
 def _note(storage, study_id: int) -> str | None:
@@ -60,7 +71,10 @@ def test_the_login_form_exchanges_a_token_for_a_cookie(browser, tokens, study_id
     assert r.status_code == 303, r.text
     assert r.headers["location"] == f"/dashboard/studies/{study_id}"
     cookie = r.headers["set-cookie"]
-    assert cookie.startswith(f"{COOKIE_NAME}={tokens['alice']};")
+    session_id = browser.cookies[COOKIE_NAME]
+    assert cookie.startswith(f"{COOKIE_NAME}={session_id};")
+    assert re.fullmatch(r"hpo_session_[A-Za-z0-9_-]{43}", session_id)
+    assert tokens["alice"] not in cookie  # a session of its own, never the token
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Max-Age" not in cookie
     listed = browser.get("/api/studies").json()["study_summaries"]  # the cookie is enough
     assert [s["study_id"] for s in listed] == [study_id]
@@ -107,9 +121,63 @@ def test_logout_clears_the_cookie(browser, tokens):
     assert browser.get("/api/studies").status_code == 401
 
 
+def test_logout_ends_the_session_on_the_server(browser, app, tokens):
+    """A copy of the cookie (another port's listener, a shared machine) stops working at
+    the logout, not when the browser drops its own copy."""
+    session_id = login(browser, tokens["alice"])
+    browser.post("/dashboard/logout", headers={"Origin": OWN})
+    with TestClient(app) as other:
+        other.cookies.set(COOKIE_NAME, session_id)
+        r = other.get("/api/studies")
+    assert r.status_code == 401
+    assert r.json()["error"]["message"] == ("unknown dashboard session (logged out?): "
+                                            "log in again")
+
+
+def test_a_session_is_not_the_token_and_opens_only_the_dashboard(browser, app, tokens):
+    """A breaker: the cookie held the token itself, and cookies are not bound to a port
+    (RFC 6265, section 8.5): whatever listened on another port of the host got the
+    token, and with it the whole REST API. The session id opens the dashboard alone."""
+    session_id = login(browser, tokens["admin"])
+    assert session_id != tokens["admin"]
+    with TestClient(app) as other:
+        for path in ("/v1/studies", "/v1/tokens", "/v1/audit"):
+            assert other.get(path, headers=bearer(session_id)).status_code == 401, path
+        other.cookies.set(COOKIE_NAME, tokens["admin"])  # an older version's cookie
+        r = other.get("/api/studies")
+        assert r.status_code == 401 and "unknown dashboard session" in r.text
+    stored = _sessions(app)
+    assert [row.session_hash for row in stored] == [
+        __import__("hashlib").sha256(session_id.encode()).hexdigest()]
+
+
+def test_a_session_ends_after_its_hours_and_ended_ones_are_deleted(browser, app, tokens,
+                                                                   monkeypatch):
+    from service import auth
+
+    first = login(browser, tokens["alice"])
+    later = auth.utcnow() + dt.timedelta(hours=app.state.components.settings
+                                         .dashboard_session_hours, seconds=1)
+    monkeypatch.setattr(auth, "utcnow", lambda: later)
+    r = browser.get("/api/studies")
+    assert r.status_code == 401
+    assert re.fullmatch(r"the dashboard session ended at \S+ \S+ UTC: log in again",
+                        r.json()["error"]["message"])
+    second = login(browser, tokens["alice"])  # its login deletes the ended session
+    assert browser.get("/api/studies").status_code == 200
+    assert second != first and len(_sessions(app)) == 1
+
+
+def _sessions(app) -> list:
+    from service.db import DashboardSessionRow
+
+    with app.state.components.sessions() as session:
+        return list(session.execute(sa.select(DashboardSessionRow)).scalars())
+
+
 def test_a_cookie_write_from_another_origin_is_refused(browser, tokens, study_id, app):
     storage = app.state.components.studies.storage
-    browser.cookies.set(COOKIE_NAME, tokens["admin"])
+    login(browser, tokens["admin"])
     note = {"version": 1, "body": "planted"}
     for origin in ({"Origin": EVIL}, {"Referer": f"{EVIL}/x"}, {}):
         r = browser.put(f"/api/studies/{study_id}/note", headers=origin, json=note)
@@ -120,7 +188,7 @@ def test_a_cookie_write_from_another_origin_is_refused(browser, tokens, study_id
 @pytest.mark.parametrize("origin", [{"Origin": OWN}, {"Referer": f"{OWN}/dashboard/studies/1"}])
 def test_a_cookie_write_from_the_services_own_pages_is_allowed(browser, tokens, study_id, app,
                                                                origin):
-    browser.cookies.set(COOKIE_NAME, tokens["admin"])
+    login(browser, tokens["admin"])
     r = browser.put(f"/api/studies/{study_id}/note", headers=origin,
                     json={"version": 1, "body": "a note"})
     assert r.status_code == 204, r.text
@@ -138,7 +206,7 @@ def test_a_bearer_write_needs_no_origin(client, tokens, study_id, origin):
 
 
 def test_the_rest_api_does_not_read_the_dashboard_cookie(browser, tokens):
-    browser.cookies.set(COOKIE_NAME, tokens["admin"])
+    login(browser, tokens["admin"])
     for method, path in [("GET", "/v1/studies"), ("POST", "/v1/studies")]:
         r = browser.request(method, path, headers={"Origin": OWN}, json=tiny_spec("x"))
         assert r.status_code == 401, (method, path)

@@ -15,6 +15,7 @@ from starlette.routing import Mount
 
 from service.auth import COOKIE_NAME, Principal, create_token
 from service.dashboard import DashboardGate
+from service.dashboard_login import FORM_TYPE
 from service.db import AuditRow, QuotaRow, Role, StudyRow, TokenRow
 from service.settings import Settings
 from tests.service.conftest import TestClient, bearer, tiny_spec
@@ -149,7 +150,10 @@ def test_a_viewer_is_refused_every_dashboard_write_by_bearer_or_cookie(app, worl
     with TestClient(app) as browser:
         headers = {"Origin": OWN}
         if by == "cookie":
-            browser.cookies.set(COOKIE_NAME, world["vera"])
+            login = browser.post("/dashboard/login", data={"token": world["vera"]},
+                                 headers={**headers, "Content-Type": FORM_TYPE},
+                                 follow_redirects=False)
+            assert login.status_code == 303 and COOKIE_NAME in browser.cookies
         else:
             headers.update(bearer(world["vera"]))
         assert browser.get("/api/studies", headers=headers).status_code == 200

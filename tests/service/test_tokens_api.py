@@ -88,7 +88,7 @@ def test_a_revoked_token_is_refused_from_its_next_request_bearer_and_cookie(
     with TestClient(app, follow_redirects=False) as browser:
         login = browser.post("/dashboard/login", headers=FORM,
                              content=f"token={alice}&next=/dashboard")
-        assert login.status_code == 303 and browser.cookies.get(COOKIE_NAME) == alice
+        assert login.status_code == 303 and COOKIE_NAME in browser.cookies
         assert browser.get("/api/studies").status_code == 200
         assert client.get("/v1/studies", headers=bearer(alice)).status_code == 200
         r = client.post("/v1/tokens/alice/revoke", headers=bearer(tokens["admin"]))
