@@ -108,6 +108,9 @@ class TokenRow(Base):
 
 class StudyRow(Base):
     __tablename__ = "hpo_studies"
+    # names differ by more than case: one result folder each (migration 0008)
+    __table_args__ = (sa.Index("ix_hpo_studies_name_lower", sa.text("lower(name)"),
+                               unique=True),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(64), unique=True)

@@ -167,6 +167,7 @@ class StudyService:
         row = {"name": spec.name, "owner_id": owner.token_id, "status": Status.CREATING,
                "spec": spec.to_dict(), "n_trials": spec.budget.n_trials}
         postgresql = self.sessions.kw["bind"].dialect.name == "postgresql"
+        self._refuse_case_variant(spec.name)
         for _ in range(CREATE_RACE_TRIES):
             try:
                 with one_statement(self.sessions) as conn:  # Core statements, built once
@@ -179,8 +180,9 @@ class StudyService:
                     return conn.execute(with_creating_row(statement), {
                         **params, **{f"row_{k}": v for k, v in row.items()},
                         "row_at": utcnow()}).scalar_one()
-            except sqlalchemy.exc.IntegrityError:  # the row's name, or Optuna's
+            except sqlalchemy.exc.IntegrityError:  # the row's name (or its case), or Optuna's
                 pass
+            self._refuse_case_variant(spec.name)  # a concurrent create's
             if self._optuna_only(spec.name):
                 raise _made_outside(spec.name)
             if self._wait_not_creating(spec.name):
@@ -189,6 +191,24 @@ class StudyService:
             if self._optuna_only(spec.name):  # its creates kept being undone: this one's too
                 raise _made_outside(spec.name)
         raise StudyConflict(f"a study named {spec.name!r} exists already")
+
+    def _refuse_case_variant(self, name: str) -> None:
+        """Refuse ``name`` when a study's name differs from it only in case: on a
+        case-insensitive file system (macOS, Windows, many network shares) the two would
+        share one result folder, ``<HPO_RESULTS_DIR>/<name>``, and deleting one would
+        delete the other's files. (The unique index on ``lower(name)``, migration 0008,
+        settles concurrent creates.)
+
+        Raises:
+            StudyConflict: such a study exists.
+        """
+        with autocommit(self.sessions) as session:
+            other = session.execute(sa.select(StudyRow.name).where(
+                sa.func.lower(StudyRow.name) == name.lower(), StudyRow.name != name)).scalar()
+        if other is not None:
+            raise StudyConflict(f"a study named {other!r} exists already; study names must "
+                                "differ by more than case (the two would share one result "
+                                "folder on a case-insensitive file system)")
 
     def _wait_not_creating(self, name: str) -> bool:
         """Wait (at most ``CREATE_WAIT_S``) while the row ``name`` is CREATING; True if a

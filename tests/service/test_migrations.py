@@ -270,3 +270,24 @@ def test_revision_0006_makes_token_names_unique_whatever_their_case(engine, clas
     else:
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
             conn.execute(insert)
+
+
+@pytest.mark.parametrize("clash", [False, True])
+def test_revision_0008_makes_study_names_unique_whatever_their_case(engine, clash, caplog):
+    study = ("INSERT INTO hpo_studies (name, status, spec, n_trials, stop_requested, attempts, "
+             "created_at, updated_at) VALUES (:n, 'COMPLETED', '{}', 1, false, 0, "
+             "'2026-01-01 00:00:00', '2026-01-01 00:00:00')")
+    with engine.begin() as conn:
+        command.upgrade(migrate._config(conn), "0007")
+        for name in ["bob-s1", "BOB-S1"] if clash else ["bob-s1", "bob-s2"]:
+            conn.execute(sa.text(study), {"n": name})
+    with caplog.at_level("WARNING", logger="service.migrate"):
+        migrate.prepare(engine, auto=True)  # a database with both names still upgrades
+    assert migrate.current(engine) == migrate.head()
+    assert ("study names differing only in case (bob-s1)" in caplog.text) is clash
+    if clash:  # both kept, no index
+        with engine.begin() as conn:
+            conn.execute(sa.text(study), {"n": "Bob-S1"})
+    else:
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(sa.text(study), {"n": "Bob-S1"})

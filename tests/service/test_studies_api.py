@@ -59,6 +59,37 @@ def test_existing_name_answers_409_and_keeps_the_first(client, tokens, app):
     assert client.get("/v1/studies/dup", headers=bearer(tokens["alice"])).json()["n_trials"] == 3
 
 
+@pytest.mark.parametrize("second", ["BOB-S1", "Bob-s1", "bob-S1"])
+def test_a_name_that_differs_only_in_case_answers_409_and_keeps_the_first(client, tokens, app,
+                                                                          second):
+    """A breaker: beside bob's ``bob-s1``, alice could make ``BOB-S1``; on a
+    case-insensitive file system both studies' result files are one folder, so her trials
+    would write into his and deleting her study would delete his files."""
+    assert client.post("/v1/studies", json=tiny_spec("bob-s1"),
+                       headers=bearer(tokens["bob"])).status_code == 201
+    r = client.post("/v1/studies", json=tiny_spec(second), headers=bearer(tokens["alice"]))
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["message"] == (
+        "a study named 'bob-s1' exists already; study names must differ by more than case "
+        "(the two would share one result folder on a case-insensitive file system)")
+    assert _stored(app) == (["bob-s1"], ["bob-s1"])
+    assert client.post("/v1/studies", json=tiny_spec("bob-s2"),  # another name still goes
+                       headers=bearer(tokens["alice"])).status_code == 201
+
+
+def test_the_database_refuses_two_names_that_differ_only_in_case(app):
+    """The unique index on lower(name) (migration 0008) settles two concurrent creates that
+    the service's own check lets through together."""
+    from service.db import StudyRow
+
+    with app.state.components.sessions() as session:
+        session.add(StudyRow(name="same", status="QUEUED", spec={}, n_trials=1))
+        session.commit()
+        session.add(StudyRow(name="SAME", status="QUEUED", spec={}, n_trials=1))
+        with pytest.raises(sa.exc.IntegrityError):
+            session.commit()
+
+
 def test_name_of_an_optuna_study_made_outside_the_service_answers_409_and_keeps_it(
         client, tokens, app):
     optuna.create_study(study_name="outside", storage=app.state.components.studies.storage)
