@@ -46,12 +46,24 @@ def prepare_sqlite(path: Path) -> None:
 
 
 def sync_normal(engine: sqlalchemy.engine.Engine) -> None:
-    """``synchronous=NORMAL`` on every connection: in WAL mode a commit then needs no
-    fsync; a crashed process loses nothing, a power cut at most the last commits, and
-    the file is never corrupted (SQLite's documentation of WAL). About 1/3 faster writes.
+    """On every connection of the Optuna storage's SQLite ``engine``:
+
+    * ``synchronous=NORMAL``: in WAL mode a commit then needs no fsync; a crashed process
+      loses nothing, a power cut at most the last commits, and the file is never
+      corrupted (SQLite's documentation of WAL). About 1/3 faster writes.
+    * ``foreign_keys=ON``: SQLite enforces no foreign key unless asked, so a trial's
+      write that raced the delete of its study (or trial) was kept as an orphan row,
+      and SQLite gives a deleted study's or trial's id to the next one made (the
+      largest id + 1): the orphans then belonged to another study, perhaps another
+      owner's. Enforced, such a write fails, as on PostgreSQL. Optuna deletes children
+      first (its models' cascades), as the service's own deletes do
+      (``hpo.study_sql``).
     """
-    sqlalchemy.event.listen(engine, "connect",
-                            lambda con, _: con.execute("PRAGMA synchronous=NORMAL"))
+    def on_connect(con, _) -> None:
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.execute("PRAGMA foreign_keys=ON")
+
+    sqlalchemy.event.listen(engine, "connect", on_connect)
     engine.dispose()  # connections Optuna opened while creating its tables get it too
 
 

@@ -24,6 +24,36 @@ def test_sqlite_is_opened_in_wal_mode_with_a_busy_timeout(tmp_path):
     assert timeout_ms >= 30_000
 
 
+@pytest.mark.parametrize("late_write", ["trial", "intermediate_value"])
+def test_a_write_that_raced_its_study_s_delete_leaves_no_row_for_the_next_study(
+        tmp_path, late_write):
+    """SQLite enforced no foreign key: a driver's write that passed Optuna's existence
+    check just before the study was deleted was kept as an orphan row, and SQLite gives
+    the deleted study's (and trial's) id to the next one made, so the orphan then showed
+    in another study, perhaps another owner's. The write is now refused, as on
+    PostgreSQL; the delete itself (children first) still works."""
+    import sqlalchemy as sa
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'x.db'}")
+    old = optuna.create_study(study_name="old", storage=storage)
+    old.tell(old.ask(), 1.0)
+    study_id, trial_id = old._study_id, old.trials[0]._trial_id
+    optuna.delete_study(study_name="old", storage=storage)
+    # the racing writer's statement, after its existence check passed
+    late = {"trial": ("INSERT INTO trials (number, study_id, state) "
+                      f"VALUES (1, {study_id}, 'RUNNING')"),
+            "intermediate_value": (
+                "INSERT INTO trial_intermediate_values (trial_id, step, intermediate_value, "
+                f"intermediate_value_type) VALUES ({trial_id}, 0, 0.5, 'FINITE')")}[late_write]
+    with pytest.raises(sa.exc.IntegrityError, match="FOREIGN KEY"), \
+            storage.engine.begin() as conn:
+        conn.exec_driver_sql(late)
+    new = optuna.create_study(study_name="new", storage=storage)
+    assert new._study_id == study_id  # SQLite reuses the id
+    new.tell(new.ask(), 2.0)
+    assert [(t.number, t.value, t.intermediate_values) for t in new.trials] == [(0, 2.0, {})]
+
+
 def _writer(url: str, name: str, n: int, errors) -> None:
     try:
         study = optuna.load_study(study_name=name, storage=open_storage(url))
