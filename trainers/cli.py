@@ -6,7 +6,9 @@ nullable fields accept ``none``). ``--resume DIR`` continues from the newest
 checkpoint under DIR (task, options and config come from the checkpoint; flags
 given beside it override them). ``python -m trainers evaluate FILE`` evaluates a
 model file instead (``trainers.evaluate``). Exit status: 0 done, 2 bad option or value
-(the message names it), 1 training failed, 130 interrupted.
+(the message names it), 1 training failed, 130 interrupted. Error messages quote names and
+values of the command line and of checkpoints with their control characters escaped
+(``trainers.errors.printable``): printed raw, a checkpoint could drive the terminal.
 """
 
 from __future__ import annotations
@@ -18,25 +20,49 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trainers import checkpoint as ckpt
 from trainers.config import TrainConfig
 from trainers.distributed import close_distributed, init_distributed_from_env
-from trainers.errors import CheckpointWriteError, ConfigError, TrainersError, UnknownTaskError
+from trainers.errors import (
+    CheckpointWriteError,
+    ConfigError,
+    TrainersError,
+    UnknownTaskError,
+    printable,
+)
 from trainers.fields import FieldInfo, describe
 from trainers.loop import TrainResult, fit
 from trainers.reporting import Decision, Metrics, SaveCheckpoint
 from trainers.tasks import create, get_task, list_tasks
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, its error messages passed through :func:`~trainers.errors.printable`
+    (they quote arguments and files' contents; argparse's own quote arguments raw:
+    ``unrecognized arguments: ...``)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(printable(message))
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def shown_name(field: str) -> str:
+    """A field as the command lines' messages name it: a name as is (``lr``, ``--resume``,
+    ``TASK``), any other text quoted (an unknown key of a file's options: ``'a: b'``,
+    ``'\\x1b[31mX'``)."""
+    return field if field.lstrip("-").replace("-", "_").isidentifier() else repr(field)
+
+
 def _option_name(field: str) -> str:
-    """How the CLI spells a field in messages: ``lr`` -> ``--lr``; ``--resume``, ``TASK`` as is."""
-    return field if field.startswith("-") or not field.islower() else _flag(field)
+    """How the CLI spells a field in messages: ``lr`` -> ``--lr``; ``--resume``, ``TASK`` as
+    is; any other text quoted (:func:`shown_name`)."""
+    is_field = field.isidentifier() and field.islower()
+    return _flag(field) if is_field else shown_name(field)
 
 
 def _value_type(info: FieldInfo):
@@ -69,7 +95,7 @@ def _add_fields(group: argparse._ArgumentGroup, infos: list[FieldInfo]) -> None:
 
 def build_parser(task_name: str | None) -> argparse.ArgumentParser:
     """The CLI's parser; with a task name it includes the task's own options."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="trainers",
         usage="%(prog)s TASK [options]  |  %(prog)s --resume DIR  |  %(prog)s evaluate FILE",
         description="Train one run of a task. Tasks: " + ", ".join(list_tasks()),
@@ -201,15 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = fit(task, config, ProgressReporter(main_rank and not args.quiet), args.resume)
     except KeyboardInterrupt:
-        print("interrupted" + _resume_hint(config), file=sys.stderr)
+        print(printable("interrupted" + _resume_hint(config)), file=sys.stderr)
         return 130
     except ConfigError as e:
         parser.error(f"{_option_name(e.field)}: {e.reason}")
     except CheckpointWriteError as e:
-        print(f"training failed: {e}" + _resume_hint(config), file=sys.stderr)
+        print(printable(f"training failed: {e}" + _resume_hint(config)), file=sys.stderr)
         return 1
     except TrainersError as e:
-        print(f"training failed: {e}", file=sys.stderr)
+        print(printable(f"training failed: {e}"), file=sys.stderr)
         return 1
     summary = _summary(result, task_name, time.perf_counter() - started)
     if main_rank:
@@ -218,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 args.summary_json.write_text(json.dumps(summary, indent=1))
             except OSError as e:  # checked before training, but the disk may have changed
-                print(f"cannot write --summary-json {args.summary_json}: {e}", file=sys.stderr)
+                print(printable(f"cannot write --summary-json {args.summary_json}: {e}"),
+                      file=sys.stderr)
                 return 1
     close_distributed()
     return 0

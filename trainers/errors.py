@@ -1,10 +1,13 @@
 """Domain errors of the training engine, all in one place.
 
 Every error derives from :class:`TrainersError`; callers that only need to know
-"the training engine refused or failed" catch that one class.
+"the training engine refused or failed" catch that one class. :func:`printable` is how the
+command lines show a message that may quote a file or an argument.
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 
 class TrainersError(Exception):
@@ -73,3 +76,19 @@ class CheckpointError(TrainersError):
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (disk full, no permission, ...); the earlier
     checkpoints are untouched, so the run can be resumed from the newest of them."""
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters (ESC, newline, CR, NUL, ... : Unicode category
+    ``Cc``) and lone surrogates (``Cs``) escaped as Python writes them (``\\x1b``,
+    ``\\n``, ``\\ud800``), every other character kept.
+
+    The command lines print each error message through it: a message quotes field names
+    and values of a model file, a checkpoint or the command line, and a file could
+    otherwise recolour, move or rewrite the user's terminal, or forge a line of output.
+    The same rule as ``hpo.errors.printable`` (``trainers`` imports nothing of ``hpo``).
+    """
+    if not any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+        return text
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) in ("Cc", "Cs") else c for c in text)

@@ -10,28 +10,38 @@ the file, which could otherwise make the evaluation read or write any path: they
 their defaults, or a ``--task-option`` (a note on stderr names each one the file set).
 Output: one JSON object on one line of stdout, the metrics
 (``{"val_accuracy": 0.96, "val_loss": 0.12}``), full float precision. Exit
-status: 0 done, 2 a bad option or file (the message names it), 1 the evaluation
-failed.
+status: 0 done, 2 a bad option or file (the message names it; also a file whose
+``weights`` hold fewer values than the model its options give has parameters, refused
+before the model is built: ``trainers.model_file.evaluate_model``), 1 the evaluation
+failed (``evaluation failed: ...``, one line; also out of memory). Messages quote the
+file's keys and values with control characters escaped (``trainers.errors.printable``),
+a key that is not a name in quotes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainers.cli import ArgumentParser, shown_name
 from trainers.config import TrainConfig
-from trainers.errors import CheckpointError, ConfigError, TrainersError, UnknownTaskError
+from trainers.errors import (
+    CheckpointError,
+    ConfigError,
+    TrainersError,
+    UnknownTaskError,
+    printable,
+)
 from trainers.fields import FieldInfo, describe
 from trainers.model_file import evaluate_model, ignored_paths, load_model_file
 from trainers.tasks import get_task
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="trainers evaluate",
         description="Evaluate a model file (e.g. from `hpo model`) on its task's validation "
                     "set; prints the metrics as one JSON object.")
@@ -91,15 +101,16 @@ def main(argv: Sequence[str]) -> int:
         given = overrides(model["task"], args.task_option)
         for key, value in ignored_paths(model).items():
             if key not in given:
-                print(f"note: the file's {key}={value!r} is not used (a path option is "
-                      f"taken only from --task-option {key}=...)", file=sys.stderr)
+                print(printable(f"note: the file's {key}={value!r} is not used (a path "
+                                f"option is taken only from --task-option {key}=...)"),
+                      file=sys.stderr)
         metrics = evaluate_model(model, given)
     except (CheckpointError, UnknownTaskError) as e:
         parser.error(str(e))
     except ConfigError as e:
-        parser.error(f"{e.field}: {e.reason}")
+        parser.error(f"{shown_name(e.field)}: {e.reason}")
     except TrainersError as e:
-        print(f"evaluation failed: {e}", file=sys.stderr)
+        print(printable(f"evaluation failed: {e}"), file=sys.stderr)
         return 1
     print(json.dumps(metrics), flush=True)
     return 0

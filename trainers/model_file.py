@@ -27,12 +27,16 @@ A model file is one ``torch.save``'d dict of tensors and plain Python values
 from the file's own ``task``, ``options`` and ``config`` (options overridable),
 loads ``weights`` and runs the same evaluation the training loop runs
 (``trainers.evaluation.evaluate``, same batch size and autocast), so that on the
-run's own validation set it gives the run's recorded metrics again.
+run's own validation set it gives the run's recorded metrics again. It builds no model
+larger than the file's ``weights``: the options are a few bytes of the file and could
+otherwise ask for any size (a 3 KB file asked for 155 GB); the weights the file holds
+were read into memory already.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 import warnings
 from collections.abc import Mapping
@@ -44,10 +48,10 @@ import torch
 from trainers import checkpoint as ckpt
 from trainers.components import build_run
 from trainers.config import TrainConfig
-from trainers.errors import CheckpointError
+from trainers.errors import CheckpointError, TrainersError
 from trainers.evaluation import evaluate
 from trainers.fields import describe
-from trainers.tasks import create, get_task
+from trainers.tasks import Task, create, get_task
 
 FORMAT = "trainers.model"
 FORMAT_VERSION = 1
@@ -218,7 +222,11 @@ def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None
         ConfigError: an override is not an option of the task nor a config field, or
             has a bad value (the error names it).
         UnknownTaskError: the file's task is not installed here.
-        CheckpointError: the weights do not fit the rebuilt model.
+        CheckpointError: the weights do not fit the rebuilt model; among them, before
+            any model is built, weights that hold fewer values than the model has
+            parameters (:func:`check_weights_size`).
+        TrainersError: out of memory while the model is built or evaluated (one line,
+            the bytes asked for where the allocator said them).
     """
     # the file names no path of this machine: it could make the evaluation read any
     # file (a corpus) or write where it says (a cache); the defaults apply, or overrides
@@ -230,11 +238,76 @@ def evaluate_model(model: Mapping[str, Any], overrides: Mapping[str, Any] | None
     if "parallelism" in params:  # one process holds the whole model (FSDP's were gathered)
         params["parallelism"] = "ddp"
     task, config = create(model["task"], params)
-    run = build_run(task, config)
     try:
-        run.model.load_state_dict(model["weights"])
-    except (RuntimeError, KeyError, TypeError, ValueError) as e:
+        check_weights_size(task, config, model["weights"])
+        run = build_run(task, config)
+        try:
+            run.model.load_state_dict(model["weights"])
+        except (RuntimeError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"the model file's weights do not fit task {task.name!r} "
+                                  f"with these options: {e}") from None
+        return evaluate(run.task, run.model, run.val_set, run.dist, run.autocast,
+                        config.eval_batch_size or config.micro_batch_size)
+    except (MemoryError, RuntimeError) as e:  # torch's CPU allocator raises RuntimeError
+        message = _out_of_memory(e)
+        if message is None:
+            raise
+        raise TrainersError(message) from None
+
+
+def check_weights_size(task: Task, config: TrainConfig, weights: Mapping[str, Any]) -> None:
+    """Refuse a model larger than ``weights`` before it is built.
+
+    The rule: the model's parameters (``task.parameter_count``, nothing allocated; counted
+    once the task has read its data, so that ``charlm`` counts its corpus's vocabulary)
+    must not outnumber the values ``weights`` holds (:func:`stored_values`). A file made
+    from a trained model always passes, whatever the model's size (its ``state_dict``
+    holds every parameter, and buffers besides); a file with fewer values cannot be loaded
+    into the model anyway, so it is refused before the model is allocated. No fixed limit:
+    the memory a model takes is bounded by the file's own weights, already in memory.
+
+    Raises:
+        CheckpointError: naming ``weights``, with both counts.
+    """
+    task.datasets(config.seed)
+    n_parameters = task.parameter_count(config)
+    n_held = stored_values(weights)
+    if n_parameters > n_held:
+        values = "value" if n_held == 1 else "values"
         raise CheckpointError(f"the model file's weights do not fit task {task.name!r} with "
-                              f"these options: {e}") from None
-    return evaluate(run.task, run.model, run.val_set, run.dist, run.autocast,
-                    config.eval_batch_size or config.micro_batch_size)
+                              f"these options: 'weights' holds {n_held:,} {values}, the "
+                              f"model has {n_parameters:,} parameters")
+
+
+def stored_values(weights: Mapping[str, Any]) -> int:
+    """The values (tensor elements) ``weights`` holds in memory: each storage counted once
+    (tied weights share one), in the elements of the tensor's dtype; a view counts no
+    more than its storage (an expanded tensor of stride 0 holds one value however large
+    its shape), a tensor without memory here (``meta``, sparse) none."""
+    held: dict[int, int] = {}
+    for tensor in weights.values():
+        if not isinstance(tensor, torch.Tensor) or tensor.is_meta or (
+                tensor.layout != torch.strided):
+            continue
+        storage = tensor.untyped_storage()
+        n = storage.nbytes() // tensor.element_size()
+        held[storage.data_ptr()] = max(n, held.get(storage.data_ptr(), 0))
+    return sum(held.values())
+
+
+_ALLOCATION = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]?i?B)")
+
+
+def _out_of_memory(e: BaseException) -> str | None:
+    """The one-line message of ``e`` when it is an allocation failure (``MemoryError``,
+    ``torch.OutOfMemoryError``, or the ``RuntimeError`` of torch's CPU allocator), else
+    None."""
+    text = str(e)
+    if not (isinstance(e, MemoryError | torch.OutOfMemoryError)
+            or (isinstance(e, RuntimeError) and "DefaultCPUAllocator" in text)):
+        return None
+    found = _ALLOCATION.search(text)
+    if found is None:
+        return "out of memory"
+    amount = f"{int(found[1]):,} bytes" if found[1] else found[2]
+    return f"out of memory: tried to allocate {amount}"

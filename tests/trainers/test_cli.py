@@ -168,3 +168,36 @@ def test_summary_json_that_is_a_directory_is_refused_before_training(tmp_path, m
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == (
         f"trainers: error: --summary-json: {tmp_path} is a directory; give a file path")
+
+
+def test_a_checkpoints_option_key_is_printed_quoted_and_escaped(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps(
+        {"task": "digits", "config": {}, "options": {"\x1b[31mX\x1b[0m": 1}}))
+    proc = run_main("--resume", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "trainers: error: '\\x1b[31mX\\x1b[0m': not a training option nor an option of task "
+        "'digits'")
+
+
+def test_argparses_own_errors_print_the_arguments_escaped(tmp_path):
+    proc = run_main("digits", "\x1b[31mX")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == "trainers: error: unrecognized arguments: \\x1b[31mX"
+    proc = run_main("--resume", str(tmp_path / "\x1b[2J"))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"trainers: error: --resume: no checkpoint under {tmp_path}/\\x1b[2J")
+
+
+def test_a_failed_training_prints_its_message_escaped(monkeypatch):
+    from trainers import cli
+    from trainers.errors import CheckpointError
+
+    def failing_fit(*args, **kwargs):
+        raise CheckpointError("checkpoint 'x\x1b[2J' is broken\nforged line")
+
+    monkeypatch.setattr(cli, "fit", failing_fit)
+    proc = run_main("digits", "--quiet")
+    assert proc.returncode == 1
+    assert proc.stderr == "training failed: checkpoint 'x\\x1b[2J' is broken\\nforged line\n"

@@ -13,14 +13,17 @@ import torch
 import trainers
 from tests.trainers.cli_in_process import run_main
 from trainers import checkpoint as ckpt
-from trainers.errors import CheckpointError
+from trainers import model_file
+from trainers.errors import CheckpointError, TrainersError
 from trainers.model_file import (
     FORMAT,
     FORMAT_VERSION,
+    check_weights_size,
     evaluate_model,
     load_model_file,
     model_from_checkpoint,
     save_model_file,
+    stored_values,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,3 +200,134 @@ def test_evaluate_takes_no_path_option_from_the_file(tmp_path, monkeypatch):
     assert not (tmp_path / "chosen").exists()
     [cache] = (tmp_path / "xdg" / "hpo").iterdir()  # the default cache, of the given corpus
     assert json.loads((cache / "vocab.json").read_text()) == " abcdefgh"
+
+
+# -- a model file cannot ask for any size of model; what the file says is printed escaped --
+
+_HUGE = {"d_model": 8192, "n_layer": 48, "n_head": 8, "block_size": 4096, "val_fraction": 0.5}
+"""The options of a crafted 2.9 KB model file (``weights`` empty) that made the evaluation
+allocate 38.7 billion parameters, 155 GB, until the OOM killer came."""
+
+_SMALL = {"d_model": 8, "n_head": 1, "n_layer": 1, "block_size": 8}
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch) -> Path:
+    """A corpus of 18,000 characters, a vocabulary of 9; its cache under ``tmp_path``."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    path = tmp_path / "corpus.txt"
+    path.write_text("abcdefgh " * 2000)
+    return path
+
+
+def _digits_file(tmp_path: Path, **changes) -> Path:
+    """A model file of an untrained ``digits`` model (width 8), no training needed."""
+    task, config = trainers.create("digits", {"width": 8, "device": "cpu"})
+    model = {**_HEAD, "options": {"width": 8}, "config": {"device": "cpu"},
+             "weights": task.build_model(config).state_dict(), **changes}
+    torch.save(model, tmp_path / "m.pt")
+    return tmp_path / "m.pt"
+
+
+@pytest.mark.parametrize(("weights", "held"), [
+    ({}, "0 values"),
+    ({"tok_emb.weight": torch.zeros(1).expand(10**6, 10**5)}, "1 value"),  # a view of 1 value
+    ({"tok_emb.weight": torch.empty(10**6, 10**5, device="meta")}, "0 values"),  # no memory
+])
+def test_evaluate_refuses_a_model_larger_than_the_files_weights_before_building_it(
+        weights, held, corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(model_file, "build_run", lambda *a: pytest.fail("the model was built"))
+    path = tmp_path / "m.pt"
+    torch.save({**_HEAD, "task": "charlm", "options": _HUGE, "weights": weights}, path)
+    proc = run_main("evaluate", str(path), "--task-option", f"corpus={corpus}")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "trainers evaluate: error: the model file's weights do not fit task 'charlm' with "
+        f"these options: 'weights' holds {held}, the model has 38,693,462,016 parameters")
+
+
+def test_a_task_option_that_makes_the_model_larger_than_the_weights_is_refused_unbuilt(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(model_file, "build_run", lambda *a: pytest.fail("the model was built"))
+    proc = run_main("evaluate", str(_digits_file(tmp_path)), "--task-option", "width=16")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "trainers evaluate: error: the model file's weights do not fit task 'digits' with "
+        "these options: 'weights' holds 2,004 values, the model has 5,082 parameters")
+
+
+def test_a_charlm_models_weights_hold_its_parameters_counted_once_its_corpus_is_read(corpus):
+    """Before the corpus is read ``charlm`` counts a vocabulary of 256, more than this
+    corpus's 9: the check reads the data first, or it would refuse every such file."""
+    params = {**_SMALL, "corpus": str(corpus), "device": "cpu"}
+    task, config = trainers.create("charlm", params)
+    before = task.parameter_count(config)
+    weights = task.build_model(config).state_dict()  # the head's weight is the embedding's
+    assert stored_values(weights) == task.parameter_count(config) == 1_024 < before == 3_000
+    check_weights_size(*trainers.create("charlm", params), weights)  # no error
+    model = {**_HEAD, "task": "charlm", "options": _SMALL, "config": {"device": "cpu"},
+             "weights": weights}
+    assert set(evaluate_model(model, {"corpus": str(corpus)})) == {"val_loss", "val_bpc"}
+
+
+def test_running_out_of_memory_is_one_line_and_exit_1(corpus, tmp_path):
+    """A real failure of torch's CPU allocator (2 EiB of training windows asked for)."""
+    path = tmp_path / "m.pt"
+    torch.save({**_HEAD, "task": "charlm", "options": {**_SMALL, "windows_per_epoch": 2**58},
+                "config": {"device": "cpu"}}, path)
+    proc = run_main("evaluate", str(path), "--task-option", f"corpus={corpus}")
+    assert proc.returncode == 1
+    assert proc.stderr == ("evaluation failed: out of memory: tried to allocate "
+                           "2,305,843,009,213,693,952 bytes\n")
+
+
+@pytest.mark.parametrize(("error", "message"), [
+    (MemoryError(), "out of memory"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a "
+                            "total capacity of 79.19 GiB of which 1.2 GiB is free."),
+     "out of memory: tried to allocate 20.00 GiB"),
+])
+def test_out_of_memory_in_the_evaluation_is_one_line_and_exit_1(error, message, tmp_path,
+                                                                 monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(model_file, "evaluate", out_of_memory)
+    proc = run_main("evaluate", str(_digits_file(tmp_path)))
+    assert proc.returncode == 1
+    assert proc.stderr == f"evaluation failed: {message}\n"
+
+
+def test_another_runtime_error_of_the_evaluation_keeps_its_traceback(tmp_path, monkeypatch):
+    def bug(*args, **kwargs):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(model_file, "evaluate", bug)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        evaluate_model(load_model_file(_digits_file(tmp_path)))
+    assert not issubclass(RuntimeError, TrainersError)
+
+
+def test_evaluate_prints_a_files_option_key_quoted_and_escaped(tmp_path):
+    path = _digits_file(tmp_path, options={"width": 8, "\x1b[31mX\x1b[0m": 1})
+    proc = run_main("evaluate", str(path))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "trainers evaluate: error: '\\x1b[31mX\\x1b[0m': not a training option nor an option "
+        "of task 'digits'")
+
+
+def test_evaluate_prints_a_files_weight_names_and_a_path_escaped(tmp_path):
+    weights = torch.load(_digits_file(tmp_path), weights_only=True)["weights"]
+    path = _digits_file(tmp_path, weights={**weights, "\x1b[2J": torch.zeros(1)})
+    proc = run_main("evaluate", str(path))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "trainers evaluate: error: the model file's weights do not fit task 'digits' with "
+        "these options: Error(s) in loading state_dict for DigitsCNN:\\n\\tUnexpected "
+        "key(s) in state_dict: \"\\x1b[2J\". ")
+    proc = run_main("evaluate", str(tmp_path / "\x1b[31m.pt"))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"trainers evaluate: error: no such model file: {tmp_path}/\\x1b[31m.pt")
+    assert "\x1b" not in proc.stderr
