@@ -46,7 +46,7 @@ def prepare_sqlite(path: Path) -> None:
 
 
 def sync_normal(engine: sqlalchemy.engine.Engine) -> None:
-    """On every connection of the Optuna storage's SQLite ``engine``:
+    """On every connection of a SQLite ``engine`` (the Optuna storage's, the service's):
 
     * ``synchronous=NORMAL``: in WAL mode a commit then needs no fsync; a crashed process
       loses nothing, a power cut at most the last commits, and the file is never
@@ -55,9 +55,10 @@ def sync_normal(engine: sqlalchemy.engine.Engine) -> None:
       write that raced the delete of its study (or trial) was kept as an orphan row,
       and SQLite gives a deleted study's or trial's id to the next one made (the
       largest id + 1): the orphans then belonged to another study, perhaps another
-      owner's. Enforced, such a write fails, as on PostgreSQL. Optuna deletes children
-      first (its models' cascades), as the service's own deletes do
-      (``hpo.study_sql``).
+      owner's. Enforced, such a write fails, and ``ON DELETE CASCADE`` works, as on
+      PostgreSQL. Optuna deletes children first (its models' cascades), as the
+      service's own deletes do (``hpo.study_sql``); schema migrations turn it off for
+      their connection (``service.migrate``: SQLite's table rebuilds need that).
     """
     def on_connect(con, _) -> None:
         con.execute("PRAGMA synchronous=NORMAL")

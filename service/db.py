@@ -30,6 +30,7 @@ from hpo.engines import (
     ping_when_idle,
     prepare_sqlite,
     sqlite_path,
+    sync_normal,
 )
 
 
@@ -179,6 +180,8 @@ def build_engine(url: str, pool_size: int = 10) -> sa.Engine:
     if path is None:
         kwargs.update(pool_size=pool_size, max_overflow=10)
     engine = sa.create_engine(url, **kwargs)
+    if path is not None:
+        sync_normal(engine)
     ping_when_idle(engine)
     return engine
 

@@ -83,7 +83,7 @@ def upgrade(engine: sa.Engine) -> tuple[str | None, str]:
     Raises:
         SchemaOutdated: the database holds a revision this code does not know.
     """
-    with _lock(engine), engine.begin() as connection:
+    with _lock(engine), _connection(engine) as connection, connection.begin():
         if connection.dialect.name == "postgresql":
             connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
         before = MigrationContext.configure(
@@ -132,6 +132,26 @@ def check_known(revision: str | None) -> None:
         raise SchemaOutdated(f"the database's service tables are at revision {revision}, "
                              f"which this version does not know (newest: {head()}): a newer "
                              f"version of the service migrated it; run that version")
+
+
+@contextlib.contextmanager
+def _connection(engine: sa.Engine):
+    """A connection of ``engine`` for a migration: on SQLite without foreign-key
+    enforcement (``hpo.engines.sync_normal`` turns it on), which SQLite's table rebuilds
+    (Alembic's batch mode) need, as SQLite's and Alembic's documentation say; it is set
+    outside the transaction (inside, SQLite ignores it) and turned on again after."""
+    with engine.connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
+        try:
+            yield connection
+        finally:
+            if sqlite:
+                connection.rollback()
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                connection.commit()
 
 
 @contextlib.contextmanager

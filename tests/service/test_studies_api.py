@@ -477,3 +477,28 @@ def test_warm_start_of_a_study_stored_without_its_points_looks_no_name_up(client
     assert [t.system_attrs["fixed_params"] for t in record.study.trials] == [{"lr": 0.02}]
     assert "study older: warm start from earlier skipped: its points were not stored" in \
         caplog.text
+
+
+def test_a_summary_written_after_its_study_s_delete_is_refused_on_sqlite_too(app):
+    """SQLite enforced no foreign key in the service's tables either: a driver's summary
+    written as its study was deleted stayed as an orphan, and SQLite gives a deleted
+    study's id to the next study made, whose view then showed the old study's summary
+    (perhaps another owner's). Enforced, the write fails and a delete cascades, as on
+    PostgreSQL."""
+    from service.db import StudyRow, SummaryRow, build_engine, session_factory
+
+    engine = build_engine(str(app.state.components.sessions.kw["bind"].url))  # new connections
+    with session_factory(engine)() as session:
+        old = StudyRow(name="old", status="COMPLETED", spec={}, n_trials=1)
+        session.add(old)
+        session.flush()
+        session.add(SummaryRow(study_id=old.id, summary="{}"))
+        session.commit()
+        old_id = old.id
+        session.delete(old)
+        session.commit()
+        assert session.execute(sa.select(SummaryRow)).scalars().all() == []  # cascaded
+        session.add(SummaryRow(study_id=old_id, summary='{"best": "old owner"}'))
+        with pytest.raises(sa.exc.IntegrityError, match="FOREIGN KEY"):
+            session.commit()
+    engine.dispose()
