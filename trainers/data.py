@@ -179,13 +179,14 @@ class TokenWindows(Dataset):
     def set_epoch(self, epoch: int) -> None:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         high = len(self.tokens) - self.block_size - 1
-        self.starts = torch.randint(0, high + 1, (self.n_windows,), generator=g).tolist()
+        # a tensor (8 bytes an offset), not a list (about 36)
+        self.starts = torch.randint(0, high + 1, (self.n_windows,), generator=g)
 
     def __len__(self) -> int:
         return self.n_windows
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = self.starts[i]
+        start = int(self.starts[i])
         chunk = torch.from_numpy(self.tokens[start:start + self.block_size + 1].astype(np.int64))
         return chunk[:-1], chunk[1:]
 

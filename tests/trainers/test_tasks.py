@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+import torch
 
 from trainers import ConfigError, ListReporter, TrainConfig, UnknownTaskError, fit
 from trainers.tasks import create, get_task, list_tasks
@@ -76,6 +78,25 @@ def test_create_splits_params_and_names_bad_ones():
     with pytest.raises(ConfigError) as info:
         fit(task, config.replace(activation_checkpointing=True))
     assert info.value.field == "activation_checkpointing"
+
+
+@pytest.mark.parametrize("windows", [0, 10_000_001, 2**58])
+def test_charlm_windows_per_epoch_is_bounded(windows):
+    """Each epoch draws every window's offset up front: 2**58 windows (in a member's spec,
+    a model file's options) asked an allocation of 2 EiB, a worker's OOM kill."""
+    with pytest.raises(ConfigError) as info:
+        create("charlm", {"windows_per_epoch": windows})
+    assert (info.value.field, info.value.reason) == (
+        "windows_per_epoch", f"must be in 1..10,000,000, got {windows}")
+
+
+def test_charlm_draws_the_most_windows_in_80_mb(tmp_path):
+    from trainers.data import TokenWindows
+
+    windows = TokenWindows(np.zeros(64, dtype=np.uint8), 8, 10_000_000, seed=0)
+    assert windows.starts.dtype == torch.int64 and windows.starts.numel() == 10_000_000
+    x, y = windows[9_999_999]
+    assert x.shape == y.shape == (8,) and x.dtype == torch.int64
 
 
 def test_installed_task_is_found_through_the_entry_point_group(tmp_path, monkeypatch):

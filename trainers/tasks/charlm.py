@@ -44,6 +44,8 @@ from trainers.errors import ConfigError
 from trainers.fields import option, require
 from trainers.tasks.base import Task
 
+MAX_WINDOWS_PER_EPOCH = 10_000_000  # 40 billion tokens an epoch at block_size 4096
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CharLMOptions:
@@ -58,7 +60,7 @@ class CharLMOptions:
     n_head: int = option(4, "attention heads; must divide d_model")
     d_model: int = option(128, "model width (8..8192)")
     dropout: float = option(0.0, "dropout on embeddings, attention and residuals, [0, 1)")
-    windows_per_epoch: int = option(4096, "random training windows per epoch (>= 1)")
+    windows_per_epoch: int = option(4096, "random training windows per epoch (1..10,000,000)")
     val_fraction: float = option(0.05, "fraction of the token stream held out, (0, 0.5]")
     max_eval_blocks: int = option(256, "validation blocks evaluated (>= 1)")
 
@@ -70,8 +72,10 @@ class CharLMOptions:
         require(self.n_head >= 1 and self.d_model % self.n_head == 0, "n_head",
                 f"must be >= 1 and divide d_model={self.d_model}, got {self.n_head}")
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
-        require(self.windows_per_epoch >= 1, "windows_per_epoch",
-                f"must be >= 1, got {self.windows_per_epoch}")
+        # each epoch draws every window's offset up front (8 bytes each): the bound keeps
+        # that under 80 MB, as a spec or a model file could otherwise ask for exabytes
+        require(1 <= self.windows_per_epoch <= MAX_WINDOWS_PER_EPOCH, "windows_per_epoch",
+                f"must be in 1..{MAX_WINDOWS_PER_EPOCH:,}, got {self.windows_per_epoch}")
         require(0 < self.val_fraction <= 0.5, "val_fraction",
                 f"must be in (0, 0.5], got {self.val_fraction}")
         require(self.max_eval_blocks >= 1, "max_eval_blocks",
