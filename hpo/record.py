@@ -100,9 +100,15 @@ class StudyRecord:
         self._writer: RecordWriter | None = None
 
     def __getstate__(self) -> dict:
-        # Tune pickles its scheduler and callbacks (for Tuner.restore), and with them this
-        # record; a live listener (a database session, a display) is not state.
-        return {**self.__dict__, "listener": None, "_writer": None}
+        # Tune pickles its searcher, scheduler and callbacks into <results>/<study>/
+        # tuner.pkl (for Tuner.restore, which the product never calls: a driver continues
+        # a study from the storage), and with them this record. A live listener (a
+        # database session, a display) is not state; neither is the storage, whose
+        # pickle (Optuna's RDBStorage, and the study that holds it) carries the database
+        # URL, password included, into a folder every node mounts and backups copy. A
+        # copy records nothing: its storage and study are None.
+        return {**self.__dict__, "listener": None, "_writer": None, "storage": None,
+                "study": None}
 
     @property
     def writes(self) -> RecordWriter:

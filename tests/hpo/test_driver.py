@@ -70,6 +70,11 @@ def test_trials_leave_no_tune_log_files_only_their_record(sqlite_url, tmp_path):
     assert not [n for n in names if n.startswith("events.out.tfevents")]
     assert all(any(p.name.startswith("checkpoint_") for p in d.iterdir()) for d in trial_dirs)
     assert all(t.user_attrs["checkpoint"].startswith(str(tmp_path)) for t in trials)
+    # Tune's tuner.pkl held the searcher's record and with it Optuna's storage, whose
+    # pickle carries the database URL (a PostgreSQL password too) into this folder
+    files = [p for p in (tmp_path / "ray").rglob("*") if p.is_file()]
+    assert any(p.name == "tuner.pkl" for p in files)
+    assert [p.name for p in files if sqlite_url.encode() in p.read_bytes()] == []
 
 
 def _check_pruned_and_complete(trials, stopper: str):

@@ -248,9 +248,13 @@ def test_a_record_pickles_without_its_listener(sqlite_url):
     listener.ref = weakref.ref(listener)  # like a database session: not picklable
     record = StudyRecord(_spec("pickled"), open_storage(sqlite_url), listener=listener)
     record.ask("r1")
-    copy = pickle.loads(pickle.dumps(record))
+    pickled = pickle.dumps(record)
+    copy = pickle.loads(pickled)
     assert copy.listener is None and record.listener is listener
     assert copy.trials["r1"].number == 0
+    # nor its storage: Optuna's RDBStorage pickles with the database URL, password included
+    assert sqlite_url.encode() not in pickled
+    assert (copy.storage, copy.study) == (None, None) and record.study.study_name == "pickled"
 
 
 def test_a_failing_listener_never_breaks_the_record(sqlite_url):
