@@ -11,6 +11,7 @@ the busy timeout (``connect_args``) and ``synchronous=NORMAL`` are per connectio
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -118,11 +119,26 @@ def ping_when_idle(engine: sqlalchemy.Engine, idle_s: float = PING_AFTER_IDLE_S)
 
 
 def redact(url: str) -> str:
-    """``url`` with any password hidden, for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except sqlalchemy.exc.ArgumentError:
-        return "<invalid URL>"
+    """``url`` for messages and logs, its user information hidden: everything between
+    ``://`` and the URL's last ``@`` becomes ``***`` (``postgresql+psycopg://***@host/db``),
+    and so does the value of a ``password=`` parameter.
+
+    The text is cut, not parsed: a password holding an ``@`` not written ``%40`` makes
+    URL parsers end the user information at its first ``@``, and then show the rest of
+    the password as the host, port and database (``p@ss/w#rd`` showed ``ss/w%23rd``).
+    Hiding up to the last ``@`` hides all of it whatever characters it holds; a URL that
+    no parser reads is shown so too, never the password in it.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    at = rest.rfind("@")
+    if at >= 0:
+        rest = "***" + rest[at:]
+    return scheme + sep + _PASSWORD_PARAMETER.sub(r"\1***", rest)
+
+
+_PASSWORD_PARAMETER = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
 
 
 def autocommit_engine(engine: sqlalchemy.Engine) -> sqlalchemy.Engine:

@@ -201,3 +201,19 @@ def test_a_damaged_alembic_version_table_is_a_storage_error(tmp_path):
         conn.execute(sa.text("INSERT INTO alembic_version VALUES ('v3.0.0.d')"))
     with pytest.raises(StorageError, match="cannot open storage .*more than one head"):
         open_storage(url)
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql+psycopg://user:s3cret@host:5432/db", "postgresql+psycopg://***@host:5432/db"),
+    # an '@' of the password not written %40: URL parsers took the rest for the host
+    ("postgresql+psycopg://postgres:p@ss/w#rd@127.0.0.1:5432/brk_ops",
+     "postgresql+psycopg://***@127.0.0.1:5432/brk_ops"),
+    ("postgresql+psycopg://u:a:b@c@h/db", "postgresql+psycopg://***@h/db"),
+    ("postgresql+psycopg://u@h/db?password=s3cret&sslmode=require",
+     "postgresql+psycopg://***@h/db?password=***&sslmode=require"),
+    ("u:s3cret@h/db", "***@h/db"),  # no scheme: not a URL that parses, hidden all the same
+    ("sqlite:///runs/hpo.db", "sqlite:///runs/hpo.db"),
+    ("nonsense", "nonsense"),
+])
+def test_redact_hides_all_of_the_user_information_whatever_it_holds(url, shown):
+    assert redact(url) == shown
