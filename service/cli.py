@@ -17,6 +17,7 @@ httpx are imported inside the commands, so ``hpo run`` stays light.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -130,6 +131,8 @@ def serve(host: Annotated[str | None, typer.Option(
     try:
         _check_database(settings.database_url)  # before the seconds of starting a local Ray
         logs.configure(settings.log_format)
+        if settings.url_warning:  # HPO_HOST 0.0.0.0 or :: without HPO_PUBLIC_URL
+            logging.getLogger(__name__).warning(settings.url_warning)
         run_server(settings, sock=sock)
     except ServiceError as e:
         _error(e, 1)

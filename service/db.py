@@ -173,14 +173,15 @@ def build_engine(url: str, pool_size: int = 10) -> sa.Engine:
         hpo.errors.StorageError: the SQLite file cannot be switched to WAL.
         sqlalchemy.exc.ArgumentError: ``url`` is not a database URL.
     """
-    path = sqlite_path(url)
+    sqlite = sa.engine.make_url(url).get_backend_name() == "sqlite"
+    path = sqlite_path(url)  # None in memory (tests): SQLAlchemy's own pool, no WAL
     if path is not None:
         prepare_sqlite(path)
     kwargs = engine_kwargs(url, pre_ping=False)  # checked by ping_when_idle below
-    if path is None:
+    if not sqlite:
         kwargs.update(pool_size=pool_size, max_overflow=10)
     engine = sa.create_engine(url, **kwargs)
-    if path is not None:
+    if sqlite:
         sync_normal(engine)
     ping_when_idle(engine)
     return engine

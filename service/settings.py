@@ -11,6 +11,7 @@ A bad value raises :class:`~service.errors.SettingsError` naming the variable.
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +84,33 @@ class Settings(BaseSettings):
     def _lower(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        problem = database_url_problem(value)
+        if problem is not None:
+            raise ValueError(f"HPO_DATABASE_URL {problem}")
+        return value
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str | None) -> str | None:
+        if value is None or value == "auto":
+            return value
+        match = _RAY_ADDRESS.fullmatch(value)
+        if not (match and 0 < int(match[1]) < 65536):
+            raise ValueError(f"RAY_ADDRESS must be auto, HOST:PORT or ray://HOST:PORT (e.g. "
+                             f"10.0.0.1:6379), got {value!r}")
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        problem = None if value is None else public_url_problem(value)
+        if problem is not None:
+            raise ValueError(f"HPO_PUBLIC_URL {problem}")
+        return value
+
     @model_validator(mode="after")
     def _heartbeats(self) -> Settings:
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_s:
@@ -110,9 +138,30 @@ class Settings(BaseSettings):
 
     @property
     def url(self) -> str:
-        """Where people reach this service (``HPO_PUBLIC_URL``, else ``http://host:port``):
-        the only origin the dashboard takes cookie logins and writes from."""
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+        """Where people reach this service (``HPO_PUBLIC_URL``, else ``http://HOST:PORT``,
+        an IPv6 host in brackets): the only origin the dashboard takes cookie logins and
+        writes from. A host that listens on every interface (``0.0.0.0``, ``::``) is no
+        address a browser opens: then this machine's own, ``127.0.0.1`` (``[::1]``), which
+        the dashboard takes as ``localhost`` too (:attr:`url_warning` says to set
+        ``HPO_PUBLIC_URL`` for the others)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = _WILDCARD_HOSTS.get(self.host, self.host)
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def url_warning(self) -> str | None:
+        """What to tell the operator when :attr:`url` is only this machine's address while
+        the service listens on every interface (``HPO_HOST`` ``0.0.0.0`` or ``::``, no
+        ``HPO_PUBLIC_URL``); else ``None``."""
+        if self.public_url or self.host not in _WILDCARD_HOSTS:
+            return None
+        return (f"HPO_HOST={self.host} listens on every interface, but without "
+                f"HPO_PUBLIC_URL the dashboard takes logins only from {self.url} (this "
+                f"machine): set HPO_PUBLIC_URL to the address people open, e.g. "
+                f"http://HOSTNAME:{self.port}")
 
     @property
     def artifacts_path(self) -> Path:
@@ -184,6 +233,69 @@ class Settings(BaseSettings):
         return env
 
 
+_WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+# what the drivers' ray.init and /readyz's probe (hpo.workers.gcs_endpoint) read as a
+# cluster's address: a host name, an IPv4 address or a bracketed IPv6 one (the host
+# characters of hpo.workers' HOST:PORT, which `hpo worker` takes), then a port
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
+
+
+def database_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the service's database (the end of a sentence that starts with
+    the variable's name), or ``None``: it must parse, name SQLite or PostgreSQL (the
+    service's statements are written for these two), name a SQLite file (an in-memory
+    database is one per connection: the API, the dispatcher and every driver would each
+    see an empty one), and hold one ``@`` at most (a password's own ``@`` not written
+    ``%40`` would make the rest of the password the host). The URL is shown with its
+    password hidden (:func:`hpo.engines.redact`)."""
+    import sqlalchemy.exc
+    from sqlalchemy.engine import make_url
+
+    from hpo.engines import redact, sqlite_path
+
+    example = "e.g. sqlite:///hpo.db or postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
+    try:
+        parsed = make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return f"is not a database URL ({example}), got {redact(url)!r}"
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        return f"must name SQLite or PostgreSQL ({example}), got {redact(url)!r}"
+    if url.count("@") > 1:
+        return ("holds more than one '@': write an '@' of the user or password as %40 "
+                "(and a '%' as %25)")
+    if parsed.get_backend_name() == "sqlite" and (
+            sqlite_path(url) is None or parsed.query.get("mode") == "memory"):
+        return (f"names an in-memory SQLite database, which every process of the service "
+                f"would see empty: name a file, e.g. sqlite:///hpo.db; got {url!r}")
+    return None
+
+
+def public_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be ``HPO_PUBLIC_URL`` (the end of a sentence that starts with the
+    variable's name), or ``None``. Browsers send an origin, ``scheme://host[:port]``, and
+    the dashboard compares it with this one: so an ``http://`` or ``https://`` address
+    with a host, and nothing after it but an optional ``/`` (``localhost:8000`` alone
+    would be read as the scheme ``localhost``, and every login refused)."""
+    from urllib.parse import urlsplit
+
+    example = "e.g. https://hpo.example.com or http://10.0.0.5:8000"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return f"holds a space or a control character ({example}), got {url!r}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as e:
+        return f"is not an address ({e}; {example}), got {url!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"must be an http:// or https:// address with a host ({example}), got {url!r}"
+    if "@" in parts.netloc:
+        return f"must not hold a user or password ({example})"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or url.endswith(("?", "#")):
+        return (f"must be an origin, scheme://host[:port] with no path, query or fragment "
+                f"(the service answers at its root; {example}), got {url!r}")
+    return None
+
+
 def variables() -> dict[str, Any]:
     """``{environment variable: default}`` of every setting read from the environment."""
     return {f.validation_alias: f.default for f in Settings.model_fields.values()}
@@ -221,6 +333,8 @@ def _message(error: ValidationError) -> str:
     if loc not in fields:
         return first["msg"].removeprefix("Value error, ")
     name, value, kind = fields[loc].validation_alias, first.get("input"), first["type"]
+    if kind == "value_error":  # a field's own validator: its message names the variable
+        return first["msg"].removeprefix("Value error, ")
     if kind in _KINDS:
         return f"{name} {_KINDS[kind]}, got {value!r}"
     if kind in ("greater_than_equal", "less_than_equal"):
