@@ -25,6 +25,10 @@ status = 'RUNNING' AND claimed_by = <the old claim>``), after a ``SELECT ... FOR
 UPDATE SKIP LOCKED`` on PostgreSQL, so that two dispatchers never run one study. A
 driver renews its claim at every heartbeat and exits if it lost it.
 
+A claimed study whose driver cannot start ends FAILED when its own folder
+(``<HPO_RESULTS_DIR>/NAME``) cannot be made or its log opened, and goes back to the queue
+when the process could not be started (fork's EAGAIN, out of memory): ``Dispatcher._spawn``.
+
 Drivers are :class:`service.driver_process.DriverProcess` objects started by a
 :class:`~service.driver_process.DriverPool` (which keeps the warm spare); that
 module says why one thread, this one's, must start and stop them all.
@@ -33,6 +37,7 @@ module says why one thread, this one's, must start and stop them all.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import logging
 import os
 import socket
@@ -71,6 +76,10 @@ FAIR_CANDIDATES = 500  # the oldest QUEUED studies weighed by fair share in one 
 MIN_ROUND_GAP_S = 0.2
 PREEMPT_AFTER_S = 10.0  # a study driven here that waits this long with no slot may be requeued
 STALE_CREATES_EVERY_S = 30.0  # how often a running dispatcher undoes creates a crash left
+# a study's folder that fails with one of these is the machine's trouble of the moment (out of
+# memory, of processes or of file descriptors), not the folder's: the study is queued again
+TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.ENOMEM, errno.EMFILE,
+                              errno.ENFILE, errno.ENOBUFS})
 
 
 class Dispatcher:
@@ -102,6 +111,7 @@ class Dispatcher:
         self.restarts = 0
         self.takeovers = 0
         self._creates_swept_at = time.monotonic()  # start-up's recovery sweeps them first
+        self._requeued = False  # a driver that could not start queued its study this round
         # after each round: service.api_processes publishes the state to the other processes
         self.on_round: Callable[[], None] = lambda: None
 
@@ -168,18 +178,20 @@ class Dispatcher:
             self._stop_children(self._grace_s)
 
     def run_once(self) -> None:
-        """One round: reap drivers, take over abandoned studies, claim queued ones."""
+        """One round: reap drivers, take over abandoned studies, claim queued ones (until a
+        driver cannot start: its study, queued again, waits for the next round)."""
         self.reap()
+        self._requeued = False
         if time.monotonic() - self._creates_swept_at >= STALE_CREATES_EVERY_S:
             self.undo_stale_creates()
             self.finish_stale_deletes()
         for name, old_claim in self.abandoned():
-            if len(self.drivers) >= self.settings.max_running_studies:
+            if len(self.drivers) >= self.settings.max_running_studies or self._requeued:
                 return
             self._claim(name, old_claim, Status.RUNNING)
         with self.sessions.begin() as session:
             quotas.sweep(session)
-        while len(self.drivers) < self.settings.max_running_studies:
+        while len(self.drivers) < self.settings.max_running_studies and not self._requeued:
             if not self.claim_queued():
                 break
         if len(self.drivers) >= self.settings.max_running_studies:
@@ -288,12 +300,14 @@ class Dispatcher:
                          returning=[StudyRow.id])
             if taken is not None and status == Status.RUNNING:  # the gone driver's slots
                 quotas.sweep(session, [taken.id], now)
-        if taken is not None:
+        if taken is None:
+            return
+        self._spawn(name, claim)
+        if name in self.drivers:  # else _spawn ended the study or queued it again
             if status == Status.RUNNING:
                 self.takeovers += 1
             if status == Status.RUNNING or self._ran_before(name):
                 self.restarts += 1
-            self._spawn(name, claim)
 
     def _ran_before(self, name: str) -> bool:
         with self.sessions() as session:
@@ -301,12 +315,62 @@ class Dispatcher:
                     .scalar() or 0) > 1
 
     def _spawn(self, name: str, claim: str) -> None:
-        log_path = (Path(self.settings.results_dir) / name / LOG_NAME).resolve()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        driver = self.drivers[name] = self.pool.start(name, claim, log_path)
+        """Start the driver of study ``name``, just claimed under ``claim``, into
+        ``self.drivers``. Its folder ``<HPO_RESULTS_DIR>/NAME`` and log are made first, here:
+        where they cannot be, the study ends FAILED (:meth:`_not_started`); a driver that
+        cannot be started puts the study back in the queue. Before, either left the study
+        RUNNING with no driver, taken over again every ``heartbeat_timeout_s``."""
+        folder = Path(self.settings.results_dir) / name
+        try:
+            log_path = (folder / LOG_NAME).resolve()
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab"):  # a spare opens it itself, and would die on it unlogged
+                pass
+        except OSError as e:  # mkdir says "File exists" of a file where the folder should be
+            why = os.strerror(errno.ENOTDIR) if isinstance(e, FileExistsError) else (
+                e.strerror or type(e).__name__)
+            where = f"its folder in HPO_RESULTS_DIR cannot be used ({why})"
+            log.error("study %s: %s cannot be used: %s", name, folder, e)
+            self._not_started(name, claim, where, permanent=e.errno not in TRANSIENT_ERRNOS)
+            return
+        try:
+            driver = self.pool.start(name, claim, log_path)
+        except Exception as e:  # noqa: BLE001 - the study must not stay RUNNING driverless
+            log.error("study %s: its driver process cannot be started", name, exc_info=e)
+            self._not_started(name, claim, f"its process cannot be started ({e})",
+                              permanent=False)
+            return
+        self.drivers[name] = driver
         with self.sessions.begin() as session:
             while_held(session, CLAIMS, name, claim, values={StudyRow.worker_pid: driver.pid})
         log.info("study %s: driver started (pid %d, log %s)", name, driver.pid, log_path)
+
+    def _not_started(self, name: str, claim: str, why: str, *, permanent: bool) -> None:
+        """The study ``name`` claimed under ``claim`` whose driver could not start: one of
+        its own (its folder, made or opened, failed but for ``TRANSIENT_ERRNOS``) ends it
+        FAILED with ``why`` as its one-line ``error`` (no path: it is in API answers; the
+        service's log has it), its trials left RUNNING by an earlier driver FAIL too; any
+        other goes back to the queue with its start undone (``attempts``, ``started_at``),
+        and the next round (not this one) tries again."""
+        reason = f"the study driver cannot start: {why}"
+        now = utcnow()
+        values = ({StudyRow.status: Status.FAILED, StudyRow.error: reason,
+                   StudyRow.ended_at: now} if permanent else
+                  {StudyRow.status: Status.QUEUED, StudyRow.claimed_by: None,
+                   StudyRow.attempts: StudyRow.attempts - 1,
+                   StudyRow.started_at: sa.case((StudyRow.attempts <= 1, None),
+                                                else_=StudyRow.started_at)})
+        with self.sessions.begin() as session:
+            ended = while_held(session, CLAIMS, name, claim,
+                               guards=[StudyRow.status == Status.RUNNING],
+                               values={**values, StudyRow.updated_at: now},
+                               returning=[StudyRow.name, StudyRow.spec, StudyRow.ended_at])
+        self._requeued = self._requeued or not permanent
+        if ended is not None and permanent:
+            log.error("study %s: FAILED: %s", name, reason)
+            self._fail_orphaned_trials(ended, reason)
+        elif ended is not None:
+            log.warning("study %s: queued again: %s", name, reason)
 
     def warm_driver(self) -> str:
         """The warm spare's state (``DriverPool.state``)."""
