@@ -5,8 +5,10 @@ Without ``RAY_ADDRESS`` a child process starts a local Ray head
 (:mod:`service.ray_head`) and the study drivers join it; with it they join that
 cluster. SIGINT or SIGTERM shut down cleanly: uvicorn stops taking requests,
 the dispatcher asks running drivers to requeue their studies, then the local
-Ray stops. SIGKILL kills the children too (they die with their parent); the
-next start takes the RUNNING studies over.
+Ray stops. A SIGINT or SIGTERM during start-up (the seconds of starting Ray and
+building the app) stops what has started, the local Ray head included, and
+``serve`` returns. SIGKILL kills the children too (they die with their parent);
+the next start takes the RUNNING studies over.
 """
 
 from __future__ import annotations
@@ -29,26 +31,38 @@ from pathlib import Path
 
 import uvicorn
 
+from hpo.errors import printable
 from service import api_processes, logs
 from service.connection_guard import guarded_protocol
-from service.errors import ServiceError
+from service.errors import ServiceError, SettingsError
 from service.process import child_env, die_with_parent, stop_process
 from service.settings import Settings
 
 log = logging.getLogger("service.server")
 RAY_START_TIMEOUT_S = 120.0
+RAY_HEAD = [sys.executable, "-m", "service.ray_head"]  # and NUM_CPUS, if set
 
 
 class LocalRay:
     """A Ray head in a child process (:mod:`service.ray_head`)."""
 
     def __init__(self, num_cpus: int | None) -> None:
-        argv = [sys.executable, "-m", "service.ray_head"] + ([str(num_cpus)] if num_cpus else [])
-        # its own session, as the study drivers: a Ctrl-C in the terminal reaches only
-        # `hpo serve`, which then stops drivers and Ray in order (they stay resumable)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=child_env({}), start_new_session=True)
-        line = self.proc.stdout.readline()
+        argv = RAY_HEAD + ([str(num_cpus)] if num_cpus else [])
+        self.proc: subprocess.Popen | None = None
+        try:
+            # its own session, as the study drivers: a Ctrl-C in the terminal reaches only
+            # `hpo serve`, which then stops drivers and Ray in order (they stay resumable)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True, env=child_env({}), start_new_session=True)
+            line = self.proc.stdout.readline()
+        except BaseException:  # Stopped: SIGINT/SIGTERM while Ray starts (10-60 s)
+            if self.proc is None:
+                raise
+            log.info("stopping the local Ray head, which was starting")
+            # it stops at the end of its input once Ray has started: a kill before would
+            # leave Ray's agents running
+            self.stop(RAY_START_TIMEOUT_S)
+            raise
         if not line:
             code = self.proc.wait()
             raise ServiceError(f"the local Ray head did not start (exit code {code})")
@@ -56,13 +70,16 @@ class LocalRay:
         self.address: str = info["address"]
         self.auth_mode: str | None = info.get("auth_mode")
 
-    def stop(self) -> None:
-        """Close its stdin (it then shuts Ray down); SIGTERM, then SIGKILL, if it lingers."""
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Close its stdin (it then shuts Ray down, once started); SIGTERM, then SIGKILL, if
+        it lingers ``timeout_s`` seconds, and 30 more."""
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(30)
+            self.proc.wait(timeout_s)
         stop_process(self.proc, timeout_s=30)
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()
 
 
 def uvicorn_config(app, settings: Settings, **options) -> uvicorn.Config:
@@ -102,11 +119,39 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         sock.close()
+        if e.errno in HOST_ERRNOS:
+            raise ServiceError(f"cannot bind host {host!r} ({e.strerror}): set --host or "
+                               f"HPO_HOST to an address of this machine") from None
         what = "is in use (another server?)" if e.errno == errno.EADDRINUSE else (
             f"cannot be bound ({e.strerror})")
         raise ServiceError(f"port {port} on {host} {what}: choose another with --port or "
                            f"HPO_PORT") from None
     return sock
+
+
+# bind(2)'s errors of the address rather than the port: not an address of this machine
+# (EADDRNOTAVAIL: HPO_HOST=8.8.8.8), of a family this machine lacks (IPv6 off)
+HOST_ERRNOS = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT})
+
+
+def check_results_dir(settings: Settings) -> None:
+    """Make ``HPO_RESULTS_DIR`` (if missing) and make and remove a folder in it, as the
+    dispatcher does for each study (``<HPO_RESULTS_DIR>/NAME``) and its drivers for trials:
+    a path that is a file, or a folder this process may not write, is refused at start
+    rather than failing every study.
+
+    Raises:
+        SettingsError: it cannot be used; the message names ``HPO_RESULTS_DIR`` and why.
+    """
+    path = Path(settings.results_dir)
+    try:
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        path.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".hpo-check-", dir=path))
+    except OSError as e:
+        raise SettingsError(f"HPO_RESULTS_DIR {printable(str(path))!r} cannot be used as a "
+                            f"directory: {e.strerror or e}") from None
 
 
 def _prepare_schema(settings: Settings) -> None:
@@ -162,13 +207,17 @@ def warn_if_over_connections(engine, settings: Settings) -> bool:
 
 class _Server(uvicorn.Server):
     """uvicorn's server that logs where to go once it serves, and calls ``on_shutdown`` as
-    its shutdown begins (the other API processes are told to stop then, not after)."""
+    its shutdown begins (the other API processes are told to stop then, not after); it
+    stops as soon as it started when ``stop_requested()`` (a signal came before it took
+    its handlers)."""
 
     def __init__(self, config: uvicorn.Config, url: str,
-                 on_shutdown: Callable[[], None] = lambda: None) -> None:
+                 on_shutdown: Callable[[], None] = lambda: None,
+                 stop_requested: Callable[[], bool] = lambda: False) -> None:
         super().__init__(config)
         self.url = url
         self.on_shutdown = on_shutdown
+        self.stop_requested = stop_requested
 
     async def shutdown(self, sockets=None) -> None:
         self.on_shutdown()
@@ -176,50 +225,63 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
-        if self.started:
+        if self.stop_requested():  # a signal came before uvicorn's handlers: stop now
+            self.should_exit = True
+        elif self.started:
             log.info("ready: API %s/v1, docs %s/docs, dashboard %s/dashboard", self.url,
                      self.url, self.url)
 
 
 def serve(settings: Settings, sock: socket.socket | None = None) -> None:
     """Serve until SIGINT/SIGTERM, on ``sock`` (from :func:`listen`) or a socket it binds
-    first, before anything slow is imported or started.
+    first, before anything slow is imported or started. One of those signals before it
+    serves (while Ray starts, say) stops what has started and returns, saying so in the
+    log.
 
     Raises:
         ServiceError: the port is in use (before anything else starts), the service's
             tables need ``hpo db upgrade`` (``SchemaOutdated``), or the local Ray head could
             not start.
+        SettingsError: ``HPO_RESULTS_DIR`` cannot be used (:func:`check_results_dir`).
         hpo.errors.StorageError: the database cannot be opened.
     """
+    signals = _StopSignals(raising=True)
+    try:
+        _serve(settings, sock, signals)
+    except Stopped as e:
+        log.info("%s during start-up: what had started is stopped", e)
+    finally:
+        signals.restore()
+
+
+def _serve(settings: Settings, sock: socket.socket | None, signals: _StopSignals) -> None:
     if sock is None:
         sock = listen(settings.host, settings.port)
+    local_ray = shared = others = None
     try:
+        check_results_dir(settings)
         _prepare_schema(settings)  # an outdated schema is refused before Ray starts
-    except BaseException:
-        sock.close()
-        raise
-    if settings.port == 0:
-        settings = settings.replace(port=sock.getsockname()[1])
-    local_ray = None
-    if not settings.ray_address:
-        log.info("listening on %s; starting a local Ray head first (10-60 s), then the API",
-                 settings.url)
-        local_ray = LocalRay(settings.num_cpus)
-        settings = settings.replace(ray_address=local_ray.address,
-                                    ray_auth_mode=local_ray.auth_mode)
-        log.info("local Ray head at %s", local_ray.address)
-    shared = Path(tempfile.mkdtemp(prefix="hpo-api-")) if settings.api_processes > 1 else None
-    others = None
-    try:
-        if shared is not None:
+        if settings.port == 0:
+            settings = settings.replace(port=sock.getsockname()[1])
+        if not settings.ray_address:
+            log.info("listening on %s; starting a local Ray head first (10-60 s), then the "
+                     "API", settings.url)
+            local_ray = LocalRay(settings.num_cpus)
+            settings = settings.replace(ray_address=local_ray.address,
+                                        ray_auth_mode=local_ray.auth_mode)
+            log.info("local Ray head at %s", local_ray.address)
+        if settings.api_processes > 1:
+            shared = Path(tempfile.mkdtemp(prefix="hpo-api-"))
             api_processes.use_shared_metrics(shared)  # before prometheus_client's import
         from service.app import create_app  # seconds of imports: after the port is ours
 
         app = create_app(settings)
         if shared is not None:
-            others = _start_other_api_processes(app, settings, sock, shared)
-        _run(app, settings, sock, others.signal_stop if others else lambda: None)
+            others = _other_api_processes(app, settings, sock, shared)
+            others.start()
+        _run(app, settings, sock, others.signal_stop if others else lambda: None, signals)
     finally:
+        signals.hold()  # a second signal must not cut the clean-up short
         if others is not None:
             others.stop()
         sock.close()
@@ -229,11 +291,50 @@ def serve(settings: Settings, sock: socket.socket | None = None) -> None:
             shutil.rmtree(shared, ignore_errors=True)
 
 
-def _start_other_api_processes(app, settings: Settings, sock: socket.socket,
-                               shared: Path) -> api_processes.ApiProcesses:
-    """Start ``settings.api_processes - 1`` API processes on ``sock`` with these settings and
-    no dispatcher; this one's dispatcher publishes its state to them and wakes on their
-    creates (``service.api_processes``)."""
+class Stopped(BaseException):
+    """SIGINT or SIGTERM (its name, the message) while ``hpo serve`` started: raised by the
+    handler wherever start-up was, so that the clean-up on the way out stops what had
+    started. A ``BaseException``, as ``KeyboardInterrupt``: no ``except Exception`` keeps it."""
+
+
+class _StopSignals:
+    """This process's SIGINT and SIGTERM handlers from ``serve``'s first line to its last.
+
+    Until uvicorn serves (``raising``), the first signal raises :class:`Stopped`; from then
+    on (:meth:`hold`) signals are only noted in ``received``: uvicorn's own handlers take
+    them while it runs and raise them again against these when it ends, which then let the
+    clean-up run and the process exit 0. Before, start-up had Python's defaults: a SIGTERM
+    while Ray started ended the process at once (exit 143) and left Ray's agents running.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, *, raising: bool) -> None:
+        self.raising = raising
+        self.received: int | None = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+    def hold(self) -> None:
+        """From now on, only note the signals."""
+        self.raising = False
+
+    def restore(self) -> None:
+        """Put back the handlers found."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, sig: int, _frame) -> None:
+        self.received = self.received or sig
+        if self.raising:
+            self.raising = False
+            raise Stopped(signal.Signals(sig).name)
+
+
+def _other_api_processes(app, settings: Settings, sock: socket.socket,
+                         shared: Path) -> api_processes.ApiProcesses:
+    """``settings.api_processes - 1`` API processes (to start) on ``sock`` with these
+    settings and no dispatcher; this one's dispatcher publishes its state to them and wakes
+    on their creates (``service.api_processes``)."""
     env = {**settings.replace(run_dispatcher=False).to_env(),
            api_processes.METRICS_ENV: str(shared)}
     dispatcher = app.state.dispatcher
@@ -244,14 +345,14 @@ def _start_other_api_processes(app, settings: Settings, sock: socket.socket,
         env[api_processes.STATUS_ENV] = str(status.path)
     else:  # no dispatcher to wake: a wake signal must not end this process (its default)
         signal.signal(api_processes.WAKE_SIGNAL, signal.SIG_IGN)
-    others = api_processes.ApiProcesses(settings.api_processes - 1, sock.fileno(), env)
-    others.start()
-    return others
+    return api_processes.ApiProcesses(settings.api_processes - 1, sock.fileno(), env)
 
 
 def _run(app, settings: Settings, sock: socket.socket,
-         on_shutdown: Callable[[], None] = lambda: None) -> None:
-    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM."""
+         on_shutdown: Callable[[], None] = lambda: None,
+         signals: _StopSignals | None = None) -> None:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (``signals``: the handlers that noted
+    them before; a signal noted before uvicorn took its own stops it as it starts)."""
     # what the imports and the app built lives as long as the process: frozen out of
     # the cycle collector's reach, a full collection no longer walks those ~400k
     # objects (0.2-0.5 s each on a busy machine: the p99 of the API's reads,
@@ -259,12 +360,11 @@ def _run(app, settings: Settings, sock: socket.socket,
     gc.freeze()
     config = uvicorn_config(app, settings, log_level="info", log_config=None,
                             timeout_graceful_shutdown=10)
-    # uvicorn handles SIGINT/SIGTERM while it runs, then raises the signal again
-    # against the handlers it found: these no-ops let the clean-up below run and
-    # the process exit 0 after a clean shutdown.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    _Server(config, settings.url, on_shutdown).run(sockets=[sock])
+    if signals is None:
+        signals = _StopSignals(raising=False)
+    signals.hold()  # uvicorn takes the signals now (_StopSignals says how)
+    _Server(config, settings.url, on_shutdown, lambda: signals.received is not None
+            ).run(sockets=[sock])
 
 
 def serve_api_process(settings: Settings, fd: int) -> None:
@@ -308,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             serve(settings)
     except ServiceError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, SettingsError) else 1
     return 0
 
 
