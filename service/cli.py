@@ -118,7 +118,7 @@ def serve(host: Annotated[str | None, typer.Option(
           = None) -> None:
     """Serve the REST API, the dispatcher and the Optuna dashboard (and a local Ray)."""
     from service import logs
-    from service.errors import ServiceError
+    from service.errors import ServiceError, SettingsError
     from service.server import listen
     from service.server import serve as run_server
 
@@ -134,6 +134,8 @@ def serve(host: Annotated[str | None, typer.Option(
         if settings.url_warning:  # HPO_HOST 0.0.0.0 or :: without HPO_PUBLIC_URL
             logging.getLogger(__name__).warning(settings.url_warning)
         run_server(settings, sock=sock)
+    except SettingsError as e:  # a setting found unusable at start (HPO_RESULTS_DIR)
+        _error(e, 2)
     except ServiceError as e:
         _error(e, 1)
     finally:

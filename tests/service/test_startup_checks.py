@@ -78,8 +78,6 @@ def test_python_m_service_server_exits_2_on_an_unusable_results_dir(tmp_path):
         f"Not a directory"]), proc.stdout + proc.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="service/cli.py serve answers every ServiceError with "
-                                       "exit 1; a SettingsError should exit 2 as _settings does")
 def test_hpo_serve_refuses_an_unusable_results_dir_with_one_line_and_exit_2(
         tmp_path, monkeypatch):
     import hpo.cli
