@@ -138,20 +138,24 @@ def check_results_dir(settings: Settings) -> None:
     """Make ``HPO_RESULTS_DIR`` (if missing) and make and remove a folder in it, as the
     dispatcher does for each study (``<HPO_RESULTS_DIR>/NAME``) and its drivers for trials:
     a path that is a file, or a folder this process may not write, is refused at start
-    rather than failing every study.
+    rather than failing every study. The same for ``HPO_ARTIFACT_DIR`` where it is set
+    (the kept models; by default a folder of ``HPO_RESULTS_DIR``, made when first used).
 
     Raises:
-        SettingsError: it cannot be used; the message names ``HPO_RESULTS_DIR`` and why.
+        SettingsError: one cannot be used; the message names its variable and why.
     """
-    path = Path(settings.results_dir)
-    try:
-        if path.exists() and not path.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-        path.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=".hpo-check-", dir=path))
-    except OSError as e:
-        raise SettingsError(f"HPO_RESULTS_DIR {printable(str(path))!r} cannot be used as a "
-                            f"directory: {e.strerror or e}") from None
+    folders = [("HPO_RESULTS_DIR", Path(settings.results_dir))]
+    if settings.artifact_dir is not None:
+        folders.append(("HPO_ARTIFACT_DIR", Path(settings.artifact_dir)))
+    for variable, path in folders:
+        try:
+            if path.exists() and not path.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            path.mkdir(parents=True, exist_ok=True)
+            os.rmdir(tempfile.mkdtemp(prefix=".hpo-check-", dir=path))
+        except OSError as e:
+            raise SettingsError(f"{variable} {printable(str(path))!r} cannot be used as a "
+                                f"directory: {e.strerror or e}") from None
 
 
 def _prepare_schema(settings: Settings) -> None:

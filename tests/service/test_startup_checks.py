@@ -67,6 +67,20 @@ def test_a_usable_results_dir_is_made_and_left_empty(tmp_path):
     assert results.is_dir() and list(results.iterdir()) == []
 
 
+def test_an_artifact_dir_that_is_a_file_is_refused_too(tmp_path):
+    """HPO_ARTIFACT_DIR (the kept models), where set, is checked at start as
+    HPO_RESULTS_DIR is; before, nothing looked at it until a model was to be kept."""
+    (tmp_path / "models").touch()
+    with pytest.raises(SettingsError) as caught:
+        server_module.check_results_dir(Settings(results_dir=tmp_path / "runs",
+                                                 artifact_dir=tmp_path / "models"))
+    assert str(caught.value) == (f"HPO_ARTIFACT_DIR '{tmp_path / 'models'}' cannot be used "
+                                 f"as a directory: Not a directory")
+    server_module.check_results_dir(Settings(results_dir=tmp_path / "runs",
+                                             artifact_dir=tmp_path / "kept"))
+    assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+
+
 def test_python_m_service_server_exits_2_on_an_unusable_results_dir(tmp_path):
     (tmp_path / "afile").touch()
     env = {**os.environ, "HPO_RESULTS_DIR": str(tmp_path / "afile"),
