@@ -65,11 +65,17 @@ def head() -> str:
 
 def current(engine: sa.Engine) -> str | None:
     """The database's revision: ``None`` without service tables, ``BASELINE`` for tables
-    made before migrations existed."""
+    made before migrations existed.
+
+    The tables are looked at before the version table: a new database's tables and its
+    version are committed together (:func:`upgrade`), so a process that saw no version
+    first and then the tables (a concurrent first start committing in between) took a
+    new database for one made before migrations and refused to start it as outdated."""
     with engine.connect() as connection:
+        has_tables = sa.inspect(connection).has_table("hpo_studies")
         revision = MigrationContext.configure(
             connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
-        if revision is None and sa.inspect(connection).has_table("hpo_studies"):
+        if revision is None and has_tables:
             return BASELINE
     return revision
 

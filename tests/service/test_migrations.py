@@ -291,3 +291,31 @@ def test_revision_0008_makes_study_names_unique_whatever_their_case(engine, clas
     else:
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
             conn.execute(sa.text(study), {"n": "Bob-S1"})
+
+
+def test_a_first_start_committing_between_the_two_looks_is_not_taken_for_an_old_database(
+        tmp_path, monkeypatch):
+    """A helper's finding: ``current`` read the version table, then looked for the tables;
+    a concurrent first start that committed both in between (they are committed together)
+    made a new database look like one from before migrations (BASELINE), and ``hpo serve``
+    refused it as outdated. The tables are looked at first now."""
+    from alembic.migration import MigrationContext as Context
+
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    engine, other = build_engine(url), build_engine(url)
+    real = Context.get_current_revision
+    done = []
+
+    def then_another_process_starts(self):
+        revision = real(self)
+        if not done:  # once: upgrade reads the revision too
+            done.append(None)
+            done[0] = migrate.upgrade(other)  # commits the tables and their version
+        return revision
+
+    monkeypatch.setattr(Context, "get_current_revision", then_another_process_starts)
+    assert migrate.current(engine) in (None, migrate.head())
+    monkeypatch.undo()
+    assert done == [(None, migrate.head())] and migrate.current(engine) == migrate.head()
+    engine.dispose()
+    other.dispose()
