@@ -28,6 +28,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from hpo.errors import HpoError, SpecError, printable
 from hpo.storage import DEFAULT_STORAGE_URL
@@ -66,8 +67,8 @@ def _usable_dir(path: Path, flag: str) -> None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "not writable")
     except OSError as e:
-        err.print(f"[bold red]error:[/] {flag} {printable(str(path))!r} cannot be used as a "
-                  f"directory: {e.strerror or e}", highlight=False)
+        err.print(f"[bold red]error:[/] {flag} {escape(repr(printable(str(path))))} cannot be "
+                  f"used as a directory: {escape(str(e.strerror or e))}", highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -100,7 +101,7 @@ def run(
 
         open_storage(storage).engine.dispose()
     except HpoError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(1) from None
     from hpo.progress import LiveProgress
     from hpo.tune.driver import init_ray, run_study
@@ -122,7 +123,7 @@ def run(
     except SpecError as e:
         _fail_spec(e)
     except HpoError as e:
-        err.print(f"\n[bold red]error:[/] {e}", markup=True)
+        err.print(f"\n[bold red]error:[/] {escape(str(e))}")
         raise typer.Exit(1) from None
     c = result.counts
     if result.interrupted:
@@ -188,7 +189,7 @@ def worker(
         command = ray_start_command(address, num_gpus=num_gpus, num_cpus=num_cpus,
                                     resources=resources, block=block)
     except WorkerOptionError as e:
-        err.print(f"[bold red]error:[/] {e.flag}: {e}")
+        err.print(f"[bold red]error:[/] {e.flag}: {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
     if not os.environ.get("RAY_AUTH_TOKEN") and not Path.home().joinpath(
             ".ray", "auth_token").exists():

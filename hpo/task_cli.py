@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from hpo.scaffold import NAME_RULE
 
@@ -44,7 +45,7 @@ def new(
     try:
         written = scaffold(name, directory, trainers.list_tasks())
     except ScaffoldError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
     for path in written:
         out.print(f"wrote {path}", markup=False)

@@ -24,6 +24,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
@@ -174,7 +175,7 @@ def db_current() -> None:
 
 def _error(e: Exception | str, code: int) -> NoReturn:
     """Print ``e`` as the command's one-line error and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {e}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
     raise typer.Exit(code) from None
 
 
@@ -237,7 +238,7 @@ def _client(url: str, token: str | None):
 def _fail(e) -> None:
     """Print an ``ApiError`` and exit 2 (invalid input) or 1."""
     answer = f"{e.status} {e.code}" if e.status else f"no answer: {e.code}"
-    err.print(f"[bold red]error[/] ({answer}): {e}", highlight=False)
+    err.print(f"[bold red]error[/] ({escape(answer)}): {escape(str(e))}", highlight=False)
     for d in e.details:
         loc = d["loc"] or "<spec>"
         # a query parameter is the command's option of the same name (`hpo list --status`)
@@ -413,7 +414,7 @@ def _short(value) -> str:
 
 def _exit_for(study: dict) -> None:
     if study["status"] == "FAILED":
-        err.print(f"[bold red]study failed:[/] {study['error']}", highlight=False)
+        err.print(f"[bold red]study failed:[/] {escape(str(study['error']))}", highlight=False)
         raise typer.Exit(1)
     if study["status"] == "STOPPED":
         raise typer.Exit(3)

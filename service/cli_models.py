@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from service.cli import DEFAULT_URL, NameArg, TokenOpt, UrlOpt, _client, _fail, err, out
 
@@ -48,8 +49,8 @@ def model(name: NameArg,
     except ApiError as e:
         _fail(e)
     except OSError as e:
-        err.print(f"[bold red]error:[/] cannot write {output or 'the model file'}: "
-                  f"{e.strerror}", highlight=False)
+        err.print(f"[bold red]error:[/] cannot write {escape(str(output or 'the model file'))}: "
+                  f"{escape(str(e.strerror))}", highlight=False)
         raise typer.Exit(1) from None
     finally:
         client.close()

@@ -92,3 +92,16 @@ def test_hpo_worker_exits_2_naming_the_option_and_prints_no_command(option, flag
     result = CliRunner().invoke(hpo.cli.app, args, env={"COLUMNS": "1000"})
     assert result.exit_code == 2
     assert f"error: {flag}: " in result.output and " start --address=" not in result.output
+
+
+def test_hpo_worker_prints_the_option_s_text_as_given_not_as_markup():
+    """The CLIs print errors through rich: text of the user's (``[red]``) was read as
+    markup and dropped from the message (hpo, hpo serve's client commands, hpo task)."""
+    from typer.testing import CliRunner
+
+    import hpo.cli
+
+    args = ["worker", "--address", "[red]x:1", "--dry-run"]
+    result = CliRunner().invoke(hpo.cli.app, args, env={"COLUMNS": "1000"})
+    assert result.exit_code == 2
+    assert "got '[red]x:1': '[red]x:1' is not a host name" in result.output
