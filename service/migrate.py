@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import logging
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -36,6 +37,7 @@ from service.errors import ServiceError
 
 VERSION_TABLE = "hpo_alembic_version"
 BASELINE = "0001"
+log = logging.getLogger(__name__)
 LOCK_KEY = 0x68706F6D  # "hpom": the advisory lock of the service's migrations
 SCRIPTS = Path(__file__).with_name("migrations")
 
@@ -89,9 +91,7 @@ def upgrade(engine: sa.Engine) -> tuple[str | None, str]:
     Raises:
         SchemaOutdated: the database holds a revision this code does not know.
     """
-    with _lock(engine), _connection(engine) as connection, connection.begin():
-        if connection.dialect.name == "postgresql":
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+    with _locked(engine) as connection:
         before = MigrationContext.configure(
             connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
         has_tables = sa.inspect(connection).has_table("hpo_studies")
@@ -107,7 +107,37 @@ def upgrade(engine: sa.Engine) -> tuple[str | None, str]:
             command.stamp(config, BASELINE)
             before = BASELINE
         command.upgrade(config, "head")
+        _case_indexes(connection)
     return before, head()
+
+
+# unique indexes on lower(name) that revisions 0006 and 0008 skip while names differing
+# only in case are stored: made once they are gone (see _case_indexes)
+CASE_INDEXES = {"hpo_tokens": "ix_hpo_tokens_name_lower",
+                "hpo_studies": "ix_hpo_studies_name_lower"}
+
+
+def _case_indexes(connection: sa.Connection) -> None:
+    """Make each of ``CASE_INDEXES`` that is missing, unless names that differ only in case
+    are still stored (then say so in the log: the service's own check still refuses new
+    ones, but only the index settles concurrent creates). Revisions 0006 and 0008 leave
+    the index out of a database that held such names; once they are deleted, the next
+    start or ``hpo db upgrade`` makes it."""
+    exists = sa.text("SELECT name FROM sqlite_master WHERE type = 'index' AND name = :n"
+                     if connection.dialect.name == "sqlite" else
+                     "SELECT indexname FROM pg_indexes WHERE indexname = :n")
+    for table, index in CASE_INDEXES.items():
+        if connection.execute(exists, {"n": index}).first() is not None:
+            continue
+        clashes = connection.execute(sa.text(
+            f"SELECT lower(name) FROM {table} GROUP BY lower(name) HAVING count(*) > 1")).all()
+        if clashes:
+            log.warning("%s: names differing only in case (%s), so no unique index on "
+                        "lower(name); new such names are still refused", table,
+                        ", ".join(sorted(c[0] for c in clashes)))
+            continue
+        connection.execute(sa.text(f"CREATE UNIQUE INDEX {index} ON {table} (lower(name))"))
+        log.info("%s: made the unique index on lower(name) (%s)", table, index)
 
 
 def prepare(engine: sa.Engine, *, auto: bool) -> None:
@@ -120,6 +150,8 @@ def prepare(engine: sa.Engine, *, auto: bool) -> None:
     """
     revision = current(engine)
     if revision == head():
+        with _locked(engine) as connection:
+            _case_indexes(connection)
         return
     check_known(revision)
     if revision is not None and not auto:
@@ -138,6 +170,16 @@ def check_known(revision: str | None) -> None:
         raise SchemaOutdated(f"the database's service tables are at revision {revision}, "
                              f"which this version does not know (newest: {head()}): a newer "
                              f"version of the service migrated it; run that version")
+
+
+@contextlib.contextmanager
+def _locked(engine: sa.Engine):
+    """A transaction for a migration, under the migration lock: a file lock beside a
+    SQLite database, PostgreSQL's advisory lock ``LOCK_KEY`` held by the transaction."""
+    with _lock(engine), _connection(engine) as connection, connection.begin():
+        if connection.dialect.name == "postgresql":
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+        yield connection
 
 
 @contextlib.contextmanager

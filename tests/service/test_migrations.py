@@ -319,3 +319,33 @@ def test_a_first_start_committing_between_the_two_looks_is_not_taken_for_an_old_
     assert done == [(None, migrate.head())] and migrate.current(engine) == migrate.head()
     engine.dispose()
     other.dispose()
+
+
+@pytest.mark.parametrize("table, column_values", [
+    ("hpo_studies", "status, spec, n_trials, stop_requested, attempts, created_at, updated_at) "
+                    "VALUES (:n, 'COMPLETED', '{}', 1, false, 0, '2026-01-01 00:00:00', "
+                    "'2026-01-01 00:00:00')"),
+    ("hpo_tokens", "token_hash, is_admin, created_at, role) VALUES (:n, :n, false, "
+                   "'2026-01-01 00:00:00', 'member')"),
+])
+def test_the_case_index_left_out_for_a_clash_is_made_once_the_clash_is_gone(
+        engine, table, column_values, caplog):
+    """A breaker: a database upgraded while it held bob-s1 and BOB-S1 never got the index,
+    even after both were deleted, and concurrent creates then stored 8 case variants of
+    one name (one result folder on a case-insensitive file system). The next start (or
+    ``hpo db upgrade``) makes it once no clash remains."""
+    insert = sa.text(f"INSERT INTO {table} (name, {column_values}")
+    with engine.begin() as conn:
+        command.upgrade(migrate._config(conn), "0005")
+        for name in ["bob-s1", "BOB-S1"]:
+            conn.execute(insert, {"n": name})
+    migrate.prepare(engine, auto=True)  # 0006 and 0008 leave the index out
+    with caplog.at_level("WARNING", logger="service.migrate"):
+        migrate.prepare(engine, auto=True)  # at head: still a clash, said again
+    assert f"{table}: names differing only in case (bob-s1)" in caplog.text
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {table} WHERE name = 'BOB-S1'"))
+    migrate.prepare(engine, auto=True)  # at head, no clash: the index is made
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(insert, {"n": "Bob-S1"})
+    migrate.prepare(engine, auto=True)  # and found the next time
