@@ -256,7 +256,8 @@ def database_url_problem(url: str) -> str | None:
     example = "e.g. sqlite:///hpo.db or postgresql+psycopg://USER:PASSWORD@HOST:5432/DB"
     try:
         parsed = make_url(url)
-    except sqlalchemy.exc.ArgumentError:
+    except (sqlalchemy.exc.ArgumentError,
+            ValueError):  # a port that is not a number: int()'s own message
         return f"is not a database URL ({example}), got {redact(url)!r}"
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
         return f"must name SQLite or PostgreSQL ({example}), got {redact(url)!r}"

@@ -37,8 +37,13 @@ def test_a_ray_address_that_no_driver_could_join_is_refused_naming_it(address):
     assert _refusal({"RAY_ADDRESS": address}) == f"{RAY_RULE}, got {address!r}"
 
 
-@pytest.mark.parametrize("url, shown", [("nonsense", "nonsense"), (" ", " "),
-                                        ("postgresql+psycopg//u:s3cret@h/db", "***@h/db")])
+@pytest.mark.parametrize("url, shown", [
+    ("nonsense", "nonsense"), (" ", " "),
+    ("postgresql+psycopg//u:s3cret@h/db", "***@h/db"),
+    # a port that is not a number (a breaker: int()'s own message, naming no variable)
+    ("postgresql+psycopg://u:s3cret@host:abc/db", "postgresql+psycopg://***@host:abc/db"),
+    ("postgresql+psycopg://u:s3cret@[::1/db", "postgresql+psycopg://***@[::1/db"),
+])
 def test_a_database_url_that_does_not_parse_is_one_line_naming_it(url, shown):
     assert _refusal({"HPO_DATABASE_URL": url}) == (
         f"HPO_DATABASE_URL is not a database URL ({DB_EXAMPLE}), got {shown!r}")
