@@ -35,6 +35,7 @@ TOKEN_PREFIX = "hpo_"
 TOKEN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
 COOKIE_NAME = "hpo_session"  # the dashboard's session (service.dashboard_login)
 SESSION_PREFIX = "hpo_session_"  # + 43 URL-safe characters; hidden in logs as tokens are
+MAX_SESSIONS_PER_TOKEN = 100  # a token's newest dashboard sessions; a login ends the oldest
 LAST_USED_EVERY_S = 60  # last_used_at is written at most this often per token
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,9 @@ def create_session(sessions: sessionmaker, token: str, lifetime: dt.timedelta) -
     """Log ``token`` in to the dashboard: a new session id (``SESSION_PREFIX`` + 43
     URL-safe characters, 256 random bits; only its SHA-256 is stored) that acts for the
     token for ``lifetime``, until :func:`end_session`, or until the token is revoked or
-    expires. Sessions that have ended are deleted on the way.
+    expires. Sessions that have ended are deleted on the way, and the token's sessions
+    beyond its ``MAX_SESSIONS_PER_TOKEN`` newest (a token that logs in without end would
+    otherwise grow the table without bound).
 
     Raises:
         NotAuthenticated: ``token`` is missing, unknown, revoked or expired (as
@@ -208,12 +211,16 @@ def create_session(sessions: sessionmaker, token: str, lifetime: dt.timedelta) -
     who = resolve(sessions, token)
     session_id = SESSION_PREFIX + secrets.token_urlsafe(32)
     now = utcnow()
+    rows = DashboardSessionRow
     with sessions() as session:
-        session.execute(sa.delete(DashboardSessionRow).where(
-            DashboardSessionRow.expires_at <= now))
-        session.add(DashboardSessionRow(session_hash=hash_token(session_id),
-                                        token_id=who.token_id, created_at=now,
-                                        expires_at=now + lifetime))
+        session.execute(sa.delete(rows).where(rows.expires_at <= now))
+        session.add(rows(session_hash=hash_token(session_id), token_id=who.token_id,
+                         created_at=now, expires_at=now + lifetime))
+        session.flush()
+        newest = sa.select(rows.id).where(rows.token_id == who.token_id).order_by(
+            rows.id.desc()).limit(MAX_SESSIONS_PER_TOKEN)
+        session.execute(sa.delete(rows).where(  # any token could log in without end
+            rows.token_id == who.token_id, rows.id.not_in(newest.scalar_subquery())))
         session.commit()
     return session_id
 

@@ -287,9 +287,15 @@ class DashboardGate:
         if token is not None:
             return await run_in_threadpool(resolve, self.sessions, token), False
         session_id = request.cookies.get(COOKIE_NAME)
-        if session_id is None and self.settings.open_reads and request.method in READ_METHODS:
+        open_read = self.settings.open_reads and request.method in READ_METHODS
+        if session_id is None and open_read:
             return ANONYMOUS, False
-        return await run_in_threadpool(resolve_session, self.sessions, session_id), True
+        try:
+            return await run_in_threadpool(resolve_session, self.sessions, session_id), True
+        except NotAuthenticated:
+            if open_read:  # a session that ended (the browser still sends its cookie)
+                return ANONYMOUS, False
+            raise
 
     def _sees_all(self, who: Principal) -> bool:
         return who.reads_all or self.settings.open_reads

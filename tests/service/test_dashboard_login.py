@@ -227,3 +227,37 @@ def test_the_rest_api_does_not_read_the_dashboard_cookie(browser, tokens):
 ])
 def test_the_same_origin_check(own, source, allowed):
     assert (cross_origin_refusal({"origin": source}, own) is None) is allowed
+
+
+def test_a_token_keeps_only_its_newest_sessions(browser, app, tokens, monkeypatch):
+    """A breaker: 300 logins of one token left 300 rows; any token holder (a viewer too)
+    could grow the table without bound. A login ends the token's oldest beyond the cap."""
+    from service import auth
+
+    monkeypatch.setattr(auth, "MAX_SESSIONS_PER_TOKEN", 3)
+    first = [login(browser, tokens["alice"]) for _ in range(5)]
+    bobs = login(browser, tokens["bob"])  # another token's are its own
+    assert len(_sessions(app)) == 4
+    with TestClient(app) as other:
+        for session_id, status in [*zip(first, [401, 401, 200, 200, 200], strict=True),
+                                  (bobs, 200)]:
+            other.cookies.set(COOKIE_NAME, session_id)
+            assert other.get("/api/studies").status_code == status
+
+
+def test_with_open_reads_an_ended_session_reads_as_anyone(settings, tokens):
+    """A breaker: with HPO_OPEN_READS, a browser still sending the cookie of a session that
+    ended (12 hours after the login) met the login form where anyone may read; a write
+    with it is still refused."""
+    from service.app import create_app
+
+    with TestClient(create_app(settings.replace(open_reads=True)),
+                    follow_redirects=False) as browser:
+        session_id = login(browser, tokens["alice"])
+        browser.post("/dashboard/logout", headers={"Origin": OWN})
+        browser.cookies.set(COOKIE_NAME, session_id)  # as a browser keeps a stale one
+        assert browser.get("/api/studies").status_code == 200
+        assert browser.get("/dashboard").status_code == 200
+        r = browser.put("/api/studies/1/note", headers={"Origin": OWN},
+                        json={"version": 1, "body": "x"})
+        assert r.status_code == 401
