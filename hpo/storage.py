@@ -90,6 +90,11 @@ def open_storage(url: str = DEFAULT_STORAGE_URL, pool_size: int | None = None,
 
     try:
         path = sqlite_path(url)
+        if path is None and sqlalchemy.make_url(url).get_backend_name() == "sqlite":
+            raise StorageError(
+                f"cannot open storage {redact(url)}: an in-memory SQLite database is one per "
+                "connection, so the study's driver and its trials would each see an empty "
+                "one: name a file, e.g. sqlite:///hpo.db")
         kwargs = engine_kwargs(url, pre_ping=pre_ping)
         if path is None and pool_size is not None:
             kwargs.update(pool_size=pool_size, max_overflow=10)

@@ -217,3 +217,15 @@ def test_a_damaged_alembic_version_table_is_a_storage_error(tmp_path):
 ])
 def test_redact_hides_all_of_the_user_information_whatever_it_holds(url, shown):
     assert redact(url) == shown
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///"])
+def test_an_in_memory_sqlite_storage_is_refused_naming_why(url):
+    """``hpo run --storage sqlite://`` ran every trial against its own empty database: all
+    FAILED, "no complete trial"."""
+    with pytest.raises(StorageError) as info:
+        open_storage(url)
+    assert str(info.value) == (
+        f"cannot open storage {url}: an in-memory SQLite database is one per connection, so "
+        "the study's driver and its trials would each see an empty one: name a file, e.g. "
+        "sqlite:///hpo.db")
