@@ -7,18 +7,23 @@ writes and a dashboard reading the same file wait for each other instead of
 failing with "database is locked" (optuna#820, optuna-dashboard#545). WAL is a
 property of the database file and is set once, before an engine opens it;
 the busy timeout (``connect_args``) and ``synchronous=NORMAL`` are per connection.
+Tables are created and migrated under a lock across processes (:func:`database_lock`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import re
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy
 import sqlalchemy.event
 import sqlalchemy.exc
+import sqlalchemy.pool
 from sqlalchemy.engine import make_url
 
 from hpo.errors import StorageError
@@ -162,3 +167,39 @@ def autocommit_engine(engine: sqlalchemy.Engine) -> sqlalchemy.Engine:
 
 
 _AUTOCOMMIT_KEY = "_hpo_autocommit_variant"
+
+
+@contextlib.contextmanager
+def database_lock(url: str, name: str, key: int) -> Iterator[None]:
+    """Hold, for the block, the lock ``name`` of the database ``url``, across processes:
+    the lock under which a database's tables are created or migrated (the Optuna
+    storage's, ``hpo.storage.open_storage``; the service's, ``service.migrate``).
+
+    On SQLite an exclusive ``flock`` of the file ``<database>.<name>-lock`` beside the
+    database (not of the database file: on NFS, Linux emulates ``flock`` with the
+    byte-range locks SQLite itself takes); on PostgreSQL the advisory lock ``key`` (one
+    per database), held by a transaction on a connection of its own and released when
+    the block ends or the process dies. Other backends take no lock.
+
+    Raises:
+        OSError: the lock file cannot be opened.
+        sqlalchemy.exc.SQLAlchemyError: PostgreSQL cannot be reached.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(f"{path.name}.{name}-lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+            yield
+        return
+    if make_url(url).get_backend_name() != "postgresql":
+        yield
+        return
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool,
+                                      hide_parameters=True)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+            yield
+    finally:
+        engine.dispose()

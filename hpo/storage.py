@@ -8,8 +8,6 @@ The one module that uses Optuna's private names (``hpo.pinned``): change
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import json
 import sqlite3
@@ -23,7 +21,6 @@ import sqlalchemy.dialects.postgresql
 import sqlalchemy.dialects.sqlite
 import sqlalchemy.event
 import sqlalchemy.exc
-import sqlalchemy.pool
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session, _VersionManager
 from optuna.study import StudyDirection
@@ -32,6 +29,7 @@ from optuna.study.study import _SYSTEM_ATTR_METRIC_NAMES
 
 from hpo.engines import (
     autocommit_engine,
+    database_lock,
     engine_kwargs,
     ping_when_idle,
     prepare_sqlite,
@@ -98,7 +96,7 @@ def open_storage(url: str = DEFAULT_STORAGE_URL, pool_size: int | None = None,
         kwargs = engine_kwargs(url, pre_ping=pre_ping)
         if path is None and pool_size is not None:
             kwargs.update(pool_size=pool_size, max_overflow=10)
-        with schema_lock(url):
+        with database_lock(url, "optuna", OPTUNA_LOCK_KEY):
             if path is not None:
                 prepare_sqlite(path)  # a new file's switch to WAL: "database is locked" if raced
             storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
@@ -116,50 +114,9 @@ def open_storage(url: str = DEFAULT_STORAGE_URL, pool_size: int | None = None,
         raise StorageError(f"cannot open storage {redact(url)}: {one_line(e)}") from e
 
 
-SCHEMA_LOCK_KEY = 0x68706F6F  # "hpoo"; the service's migrations take "hpom" (service.migrate)
-
-
-@contextlib.contextmanager
-def schema_lock(url: str):
-    """Hold, for the block, the lock under which a database's Optuna tables are created.
-
-    ``RDBStorage`` creates its tables (``metadata.create_all``: each table looked for, then
-    created), its ``version_info`` row and its alembic stamp in separate transactions and
-    under no lock (``skip_table_creation`` leaves it to the caller): processes opening a new
-    database at once (a first ``docker compose up``, several drivers) failed with "table
-    trials already exists" on SQLite, ``UniqueViolation ... pg_type_typname_nsp_index`` or
-    ``DuplicateTable`` on PostgreSQL; and a new SQLite file's switch to WAL
-    (``hpo.engines.prepare_sqlite``), raced, fails at once with "database is locked" (SQLite
-    calls no busy handler there). As ``service.migrate`` does for the service's tables: an
-    exclusive ``flock`` on the file ``<database>.optuna-lock`` beside a SQLite database (not
-    on the database file: on NFS, Linux emulates ``flock`` with the byte-range locks SQLite
-    itself takes); on PostgreSQL the advisory lock ``SCHEMA_LOCK_KEY`` (one per database),
-    held by a transaction on a connection of its own (about 2 ms), released when the block
-    ends or the process dies. Other backends (SQLite in memory, MySQL) take no lock.
-
-    Raises:
-        OSError: the lock file cannot be opened.
-        sqlalchemy.exc.SQLAlchemyError: PostgreSQL cannot be reached.
-    """
-    path = sqlite_path(url)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".optuna-lock"), "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
-            yield
-        return
-    if sqlalchemy.make_url(url).get_backend_name() != "postgresql":
-        yield
-        return
-    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool,
-                                      hide_parameters=True)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
-                         {"key": SCHEMA_LOCK_KEY})
-            yield
-    finally:
-        engine.dispose()
+# what the lock of the Optuna tables' creation is called (hpo.engines.database_lock):
+# "hpoo", beside the service's migrations' "hpom" (service.migrate)
+OPTUNA_LOCK_KEY = 0x68706F6F
 
 
 def one_line(e: BaseException) -> str:

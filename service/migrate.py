@@ -14,14 +14,13 @@ their revision in ``hpo_alembic_version``. What a database can be in, and what i
   version of the service wrote it) is refused too: downgrading is the operator's call.
 
 Upgrades run under a lock, so that two servers starting on one database do not both
-migrate it: PostgreSQL's ``pg_advisory_xact_lock`` inside the migration's transaction,
-a file lock next to a SQLite database.
+migrate it (:func:`hpo.engines.database_lock`): PostgreSQL's advisory lock, a file
+lock next to a SQLite database.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 from pathlib import Path
@@ -32,7 +31,7 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from hpo.engines import sqlite_path
+from hpo.engines import database_lock
 from service.errors import ServiceError
 
 VERSION_TABLE = "hpo_alembic_version"
@@ -174,11 +173,12 @@ def check_known(revision: str | None) -> None:
 
 @contextlib.contextmanager
 def _locked(engine: sa.Engine):
-    """A transaction for a migration, under the migration lock: a file lock beside a
-    SQLite database, PostgreSQL's advisory lock ``LOCK_KEY`` held by the transaction."""
-    with _lock(engine), _connection(engine) as connection, connection.begin():
-        if connection.dialect.name == "postgresql":
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+    """A transaction for a migration, under the migration lock
+    (:func:`hpo.engines.database_lock`: the file ``<database>.migrate-lock`` beside a
+    SQLite database, PostgreSQL's advisory lock ``LOCK_KEY``)."""
+    url = engine.url.render_as_string(hide_password=False)
+    with database_lock(url, "migrate", LOCK_KEY), _connection(engine) as connection, \
+            connection.begin():
         yield connection
 
 
@@ -200,19 +200,3 @@ def _connection(engine: sa.Engine):
                 connection.rollback()
                 connection.exec_driver_sql("PRAGMA foreign_keys=ON")
                 connection.commit()
-
-
-@contextlib.contextmanager
-def _lock(engine: sa.Engine):
-    """A file lock next to a SQLite database (PostgreSQL locks in the transaction)."""
-    path = sqlite_path(str(engine.url))
-    if path is None:
-        yield
-        return
-    lock_path = path.with_name(path.name + ".migrate-lock")
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
