@@ -72,7 +72,8 @@ def create_app(settings: Settings | None = None,
     readiness = Readiness(engine, settings.ray_address,
                           seen.alive if seen is not None else None,
                           seen.warm_driver if seen is not None
-                          and settings.warm_drivers else None)
+                          and settings.warm_drivers else None,
+                          settings.results_dir if dispatcher is not None else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -35,6 +35,7 @@ from hpo.errors import printable
 from service import api_processes, logs
 from service.connection_guard import guarded_protocol
 from service.errors import ServiceError, SettingsError
+from service.health import folder_problem
 from service.process import child_env, die_with_parent, stop_process
 from service.settings import Settings
 
@@ -148,14 +149,9 @@ def check_results_dir(settings: Settings) -> None:
     if settings.artifact_dir is not None:
         folders.append(("HPO_ARTIFACT_DIR", Path(settings.artifact_dir)))
     for variable, path in folders:
-        try:
-            if path.exists() and not path.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-            path.mkdir(parents=True, exist_ok=True)
-            os.rmdir(tempfile.mkdtemp(prefix=".hpo-check-", dir=path))
-        except OSError as e:
+        if (problem := folder_problem(path)) is not None:
             raise SettingsError(f"{variable} {printable(str(path))!r} cannot be used as a "
-                                f"directory: {e.strerror or e}") from None
+                                f"directory: {problem.strerror or problem}")
 
 
 def _prepare_schema(settings: Settings) -> None:

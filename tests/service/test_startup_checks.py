@@ -153,3 +153,49 @@ def test_a_signal_during_start_up_stops_the_local_ray_head_and_exits_0_saying_so
         "the handler found is back: True"], proc.stdout + proc.stderr
     assert ("service.server: stopping the local Ray head, which was starting" in lines) == (
         stage == "ray")
+
+
+@pytest.mark.parametrize("broken", ["a file", "no write permission"])
+def test_readyz_says_not_ready_when_the_results_dir_becomes_unusable_after_start(
+        broken, tmp_path, monkeypatch):
+    """``hpo serve`` checks HPO_RESULTS_DIR once, at start; before, a folder that became
+    unusable later (removed and replaced by a file, made read-only, a mount gone) left every
+    study failing while /readyz said ready. Its answer names no path (it needs no token)."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    results = tmp_path / "results"
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'hpo.db'}", results_dir=results,
+                        run_dispatcher=True, dispatch_interval_s=600)
+    with TestClient(create_app(settings)) as client:
+        results.mkdir(exist_ok=True)
+        assert client.get("/readyz").json()["checks"]["results_dir"] == "ok"
+        if broken == "a file":
+            results.rmdir()
+            results.touch()
+            expected = "error: ENOTDIR"
+        else:
+            def refused(*_args, **_kwargs):  # what a read-only folder does (root ignores bits)
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+            monkeypatch.setattr("service.health.tempfile.mkdtemp", refused)
+            expected = "error: EACCES"
+        answer = client.get("/readyz")
+    assert (answer.status_code, answer.json()["status"]) == (503, "not ready")
+    assert answer.json()["checks"]["results_dir"] == expected
+    assert str(tmp_path) not in answer.text
+
+
+def test_readyz_leaves_the_results_dir_out_where_no_dispatcher_runs(tmp_path):
+    """An API process without a dispatcher (HPO_API_PROCESSES > 1's others) writes no
+    study folder: its readiness does not depend on one."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    (tmp_path / "afile").touch()
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'hpo.db'}",
+                        results_dir=tmp_path / "afile", run_dispatcher=False)
+    with TestClient(create_app(settings)) as client:
+        assert "results_dir" not in client.get("/readyz").json()["checks"]
