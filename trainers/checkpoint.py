@@ -342,6 +342,33 @@ def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = 
         _prune(Path(root), keep_last)
 
 
+def remark_best(root: Path, step: int, metric: str, value: float, *, resumed_at: int,
+                durable: bool = True, keep_last: int | None = None) -> bool:
+    """Mark the checkpoint of ``step`` best again unless ``best.json`` already names it; for
+    a run resumed at step ``resumed_at`` whose restored state says ``step`` is its best. A
+    process killed between a new best's checkpoint and its ``best.json`` (two writes,
+    :func:`mark_best` after :func:`save_checkpoint`) left ``best.json`` naming an older
+    checkpoint, or none, and retention, which spares only the one it names, then pruned
+    the real best. With ``keep_last``, retention follows, as after :func:`mark_best` (the
+    older best goes), unless the root holds checkpoints after ``resumed_at``: another
+    trajectory's, retired (not pruned) by the run's first write (:func:`publish`).
+
+    Returns:
+        Whether ``best.json`` was written (``False``: it named ``step`` already, or the
+        checkpoint of ``step`` is gone).
+
+    Raises:
+        CheckpointWriteError: the file system refused.
+    """
+    path = Path(root) / f"checkpoint-{step:08d}"
+    if best_checkpoint(root) == path or not _is_complete(path):
+        return False
+    mark_best(root, step, metric, value, durable)
+    if keep_last is not None and all(s <= resumed_at for s, _ in list_checkpoints(root)):
+        _prune(Path(root), keep_last)
+    return True
+
+
 def _prune(root: Path, keep_last: int) -> None:
     found = list_checkpoints(root)  # first: it may put back the best one
     best = best_checkpoint(root)

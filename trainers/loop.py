@@ -155,6 +155,8 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
     elif resume_from is not None:
         restored = restore(run, state, ckpt.load_checkpoint(Path(resume_from)))
     loop = _Loop(run, state, reporter, restored)
+    if resume_from is not None:
+        loop.remark_restored_best()
     loop.train()
     return TrainResult(
         metrics=loop.history[-1] if loop.history else {}, history=loop.history,
@@ -433,6 +435,17 @@ class _Loop:
         return improved
 
     # -- checkpoints --------------------------------------------------------------------
+
+    def remark_restored_best(self) -> None:
+        """After a resume: ``best.json`` names the restored state's best checkpoint
+        (``checkpoint.remark_best``: a kill between the two writes of a new best)."""
+        run, state = self.run, self.state
+        if (self.eager_checkpoints and run.dist.is_main and state.best_step is not None
+                and state.best_value is not None):
+            ckpt.remark_best(run.checkpoint_root, state.best_step, run.early_stopping_metric,
+                             state.best_value, resumed_at=state.step,
+                             durable=run.config.checkpoint_fsync,
+                             keep_last=run.config.keep_last_checkpoints)
 
     def _snapshot_rng(self) -> None:
         self.rng_snapshot = gather_objects(ckpt.capture_rng(), self.run.dist)

@@ -552,3 +552,79 @@ def test_a_step_written_again_with_only_its_places_changed_is_the_same_run(
                     keep_last=2, durable=False)
     assert load_checkpoint(tmp_path) == {"v": 2}
     assert any(p.name.startswith("retired-") for p in tmp_path.iterdir()) is retired
+
+
+class _Killed(BaseException):
+    """A SIGKILL stand-in: nothing in the loop catches it."""
+
+
+@pytest.mark.parametrize("values, killed_at, kept, best", [
+    ([1.0, 4.0, 3.0, 2.5, 2.0, 1.5], 1, [1, 5, 6], 1),  # no best.json yet
+    ([5.0, 1.0, 4.0, 3.0, 2.5, 2.0], 2, [2, 5, 6], 2),  # best.json names the older best
+    ([5.0, 1.0, 4.0, 3.0, 2.5, 0.5], 6, [5, 6], 6),     # the last step's new best
+], ids=["first-best", "a-new-best", "the-last-best"])
+def test_a_kill_between_a_new_best_checkpoint_and_best_json_keeps_the_best_on_resume(
+        tmp_path, monkeypatch, values, killed_at, kept, best):
+    """Before, the resumed run's summary said best at step 2 while best.json named step 1
+    (or nothing), and retention pruned checkpoint 2 (helper-25's finding)."""
+    from trainers import checkpoint
+
+    def scripted(start: int):
+        values_left = iter(values[start:])
+
+        class Scripted(RegressionTask):
+            def eval_metrics(self, sums):
+                return {"val_loss": next(values_left)}
+
+        return Scripted(OPTIONS)
+
+    config = dict(max_updates=6, keep_last_checkpoints=2)
+    whole = tmp_path / "whole"
+    fit(scripted(0), _config(whole, **config))
+    real = checkpoint.mark_best
+
+    def killed(root, step, *args, **kwargs):
+        if step == killed_at:
+            raise _Killed
+        return real(root, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "mark_best", killed)
+    killed_dir = tmp_path / "killed"
+    with pytest.raises(_Killed):
+        fit(scripted(0), _config(killed_dir, **config))
+    monkeypatch.setattr(checkpoint, "mark_best", real)
+    result = fit(scripted(killed_at), _config(killed_dir, **config), resume_from=killed_dir)
+    assert result.best_step == best
+    for root in (whole, killed_dir):
+        assert [step for step, _ in list_checkpoints(root)] == kept, root
+        assert best_checkpoint(root).name == f"checkpoint-{best:08d}"
+        assert json.loads((root / "best.json").read_text())["value"] == min(values)
+
+
+def test_resuming_an_older_checkpoint_keeps_its_best_when_best_json_named_a_later_one(
+        tmp_path):
+    """The same rule on another path: the abandoned trajectory's best.json named its own
+    later best (step 12, retired by the resumed run's first write), so no checkpoint was
+    marked and retention pruned the resumed run's best (step 4)."""
+    def scripted(values):
+        left = iter(values)
+
+        class Scripted(RegressionTask):
+            def eval_metrics(self, sums):
+                return {"val_loss": next(left)}
+
+        return Scripted(OPTIONS)
+
+    config = _config(tmp_path, max_updates=12, eval_interval=2)
+    fit(scripted([5.0, 1.0, 4.0, 3.0, 2.0, 0.5]), config)
+    assert best_checkpoint(tmp_path).name == "checkpoint-00000012"
+    result = fit(scripted([3.0, 2.0]), config.replace(max_updates=8, lr=0.01,
+                                                      keep_last_checkpoints=1),
+                 resume_from=tmp_path / "checkpoint-00000004")
+    assert (result.best_step, result.best_value) == (4, 1.0)
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [4, 8]
+    assert best_checkpoint(tmp_path).name == "checkpoint-00000004"
+    retired = sorted(p.name[:len("retired-checkpoint-00000000")] for p in tmp_path.iterdir()
+                     if p.name.startswith("retired-"))
+    assert retired == ["retired-checkpoint-00000006", "retired-checkpoint-00000008",
+                       "retired-checkpoint-00000010", "retired-checkpoint-00000012"]
