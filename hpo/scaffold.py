@@ -228,7 +228,8 @@ class Options:
     n_classes: int = option(4, "classes (2..32)")
     hidden: int = option(64, "hidden units of the MLP (1..1024)")
     dropout: float = option(0.1, "dropout before the output layer, in [0, 1)")
-    data_seed: int = option(0, "seed of the synthetic data, the same for every trial (>= 0)")
+    data_seed: int = option(0, "seed of the synthetic data, the same for every "
+                                  "trial (0..4294967295)")
 
     def __post_init__(self) -> None:
         require(16 <= self.n_samples <= 4096, "n_samples",
@@ -239,7 +240,8 @@ class Options:
                 f"must be in 2..32, got {self.n_classes}")
         require(1 <= self.hidden <= 1024, "hidden", f"must be in 1..1024, got {self.hidden}")
         require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
-        require(self.data_seed >= 0, "data_seed", f"must be >= 0, got {self.data_seed}")
+        require(0 <= self.data_seed <= 2**32 - 1, "data_seed",
+                f"must be in 0..4294967295, got {self.data_seed}")
 
 
 class PointsDataset(Dataset):

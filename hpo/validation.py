@@ -35,6 +35,7 @@ from hpo.spec import (
     WarmStartStudy,
 )
 from hpo.suggest import did_you_mean
+from trainers.config import MAX_NUM_WORKERS
 from trainers.contract import creation_violations
 
 __all__ = ["INT_OPTION_LIMITS", "MANAGED_FIELDS", "MAX_GRID_SIZE", "MUTABLE_IN_TRAINING",
@@ -48,7 +49,7 @@ MANAGED_FIELDS = {"checkpoint_dir": "set per trial by the service",
                   "parallelism": "set by resources.parallelism"}
 # int options bounded otherwise than by MAX_COUNT: TrainConfig's seed range, and the
 # DataLoader processes each trial starts
-INT_OPTION_LIMITS = {"seed": 2**32 - 1, "num_workers": 256}
+INT_OPTION_LIMITS = {"seed": 2**32 - 1, "num_workers": MAX_NUM_WORKERS}
 
 
 def check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpec:

@@ -15,6 +15,9 @@ from trainers.fields import check_fields, option, require
 Precision = Literal["fp32", "bf16", "fp16"]
 Schedule = Literal["constant", "linear", "cosine", "wsd"]
 Parallelism = Literal["ddp", "fsdp"]
+# DataLoader processes a run may start: a larger count forks until memory runs out (2**32
+# went to the out-of-memory killer); ``hpo``'s spec check uses the same bound
+MAX_NUM_WORKERS = 256
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,7 +34,7 @@ class TrainConfig:
     eval_batch_size: int | None = option(
         None, "samples per evaluation batch (>= 1); default: micro_batch_size"
     )
-    num_workers: int = option(0, "DataLoader worker processes (>= 0)")
+    num_workers: int = option(0, f"DataLoader worker processes (0..{MAX_NUM_WORKERS})")
     # length of training
     max_updates: int | None = option(None, "stop after this many optimizer updates (>= 1)")
     max_epochs: int | None = option(10, "stop after this many epochs (>= 1)")
@@ -115,6 +118,8 @@ class TrainConfig:
         require(0 < self.init_loss_scale <= 2.0**127, "init_loss_scale",
                 f"must be in (0, 2**127] (fp32 range), got {self.init_loss_scale}")
         require(self.seed < 2**32, "seed", f"must be < 2**32, got {self.seed}")
+        require(self.num_workers <= MAX_NUM_WORKERS, "num_workers",
+                f"must be <= {MAX_NUM_WORKERS}, got {self.num_workers}")
         for name in ["momentum", "adam_beta1", "adam_beta2"]:
             value = getattr(self, name)
             require(0 <= value < 1, name, f"must be in [0, 1), got {value}")

@@ -281,7 +281,7 @@ def test_the_scaffold_installs_and_passes_the_check_and_its_own_test_unchanged(
     result, _, statuses = check("my-task")
     assert result.exit_code == 0, result.output
     assert statuses == {rule: "PASS" for rule in RULES}
-    assert statuses and "PASS bounds (10 bound(s))" in result.output
+    assert statuses and "PASS bounds (11 bound(s))" in result.output
 
     # its own test: a few updates of training, and the contract
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}

@@ -84,3 +84,32 @@ def test_an_empty_checkpoint_dir_is_refused_not_taken_for_none(empty):
     assert proc.stderr.splitlines()[-1] == (
         f"trainers: error: --checkpoint-dir: must be a directory or null (no checkpoints), "
         f"got {empty!r}")
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    # scikit-learn's train_test_split refused it with a traceback (exit 1)
+    ("--split-seed", "4294967296", "must be in 0..4294967295, got 4294967296"),
+    ("--split-seed", "-1", "must be in 0..4294967295, got -1"),
+    ("--seed", "4294967296", "must be < 2**32, got 4294967296"),
+    # each DataLoader worker is a process: 2**32 forked until the out-of-memory killer came
+    ("--num-workers", "4294967296", "must be <= 256, got 4294967296"),
+    ("--num-workers", "257", "must be <= 256, got 257"),
+])
+def test_seeds_and_worker_counts_beyond_what_their_consumers_take_are_one_line(
+        flag, value, message):
+    """The breaker's finding: these were checked for >= 0 only; ``hpo`` bounded them in
+    specs, the ``trainers`` CLI and ``trainers.create`` did not."""
+    proc = run_main("digits", flag, value, "--max-updates", "1")
+    assert (proc.returncode, proc.stderr.splitlines()[-1]) == (
+        2, f"trainers: error: {flag}: {message}")
+    field = flag[2:].replace("-", "_")
+    with pytest.raises(ConfigError) as info:
+        create("digits", {field: int(value)})
+    assert (info.value.field, info.value.reason) == (field, message)
+
+
+def test_the_largest_split_seed_and_worker_count_are_taken():
+    task, config = create("digits", {"split_seed": 2**32 - 1, "num_workers": 256})
+    assert task.options.split_seed == 2**32 - 1 and config.num_workers == 256
+    train, val = task.datasets(0)
+    assert len(train) + len(val) == 1797

@@ -40,7 +40,8 @@ class DigitsOptions:
     dropout: float = option(0.1, "dropout before the classifier, in [0, 1)")
     batch_norm: bool = option(True, "BatchNorm after every conv layer")
     val_fraction: float = option(0.2, "fraction of the images held out for validation, (0, 1)")
-    split_seed: int = option(0, "seed of the stratified train/validation split (>= 0)")
+    split_seed: int = option(0, "seed of the stratified train/validation split "
+                                        "(0..4294967295)")
 
     def __post_init__(self) -> None:
         require(1 <= self.width <= 512, "width", f"must be in 1..512, got {self.width}")
@@ -54,7 +55,9 @@ class DigitsOptions:
                 f"must hold out {N_CLASSES} to {N_IMAGES - N_CLASSES} of the {N_IMAGES} "
                 f"images (one per class on either side of the split), got "
                 f"{self.val_fraction} ({n_val} images)")
-        require(self.split_seed >= 0, "split_seed", f"must be >= 0, got {self.split_seed}")
+        # scikit-learn's random_state range (a larger one was its traceback)
+        require(0 <= self.split_seed <= 2**32 - 1, "split_seed",
+                f"must be in 0..4294967295, got {self.split_seed}")
 
 
 class DigitsCNN(nn.Module):
