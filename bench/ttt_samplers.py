@@ -53,6 +53,7 @@ from hpo.spec import load_spec, parse_spec  # noqa: E402
 
 TASK = "trainers.tasks.digits:DigitsTask"
 RUNGS = (4, 1)  # epochs, highest first, as Ray's bracket checks them
+MINIMIZED = ("val_loss",)
 
 
 # One trial trains at a time, and each keeps its own global random state across its
@@ -72,14 +73,16 @@ def set_random_state(state: tuple) -> None:
 
 
 class HandOver:
-    """A trial's reporter: every evaluation's val_accuracy out, a decision back in."""
+    """A trial's reporter: every evaluation's score out (``--metric``'s value, negated for
+    a metric to minimize: the search maximizes the score), a decision back in."""
 
-    def __init__(self) -> None:
+    def __init__(self, metric: str = "val_accuracy", sign: float = 1.0) -> None:
         self.values, self.decisions = queue.Queue(), queue.Queue()
+        self.metric, self.sign = metric, sign
 
     def report(self, metrics, save_checkpoint):
         state = random_state()
-        self.values.put(float(metrics["val_accuracy"]))
+        self.values.put(self.sign * float(metrics[self.metric]))
         BATON.release()
         decision = self.decisions.get()
         BATON.acquire()
@@ -90,8 +93,10 @@ class HandOver:
 class RunningTrial:
     """One trial training in a thread of its own, one evaluation at a time."""
 
-    def __init__(self, trial: optuna.Trial, rank: int, fixed: dict) -> None:
-        self.trial, self.rank, self.epoch, self.hand_over = trial, rank, 0, HandOver()
+    def __init__(self, trial: optuna.Trial, rank: int, fixed: dict, metric: str = "val_accuracy",
+                 sign: float = 1.0) -> None:
+        self.trial, self.rank, self.epoch = trial, rank, 0
+        self.hand_over = HandOver(metric, sign)
 
         def train() -> None:
             with BATON:
@@ -147,12 +152,14 @@ def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
     study = optuna.create_study(direction="maximize", sampler=sampler(variant, seed))
     rungs: dict[int, dict[int, float]] = {m: {} for m in RUNGS}
     running: list[RunningTrial] = []
+    sign = -1.0 if args.metric in MINIMIZED else 1.0  # the study maximizes sign * metric
+    target = sign * (args.target if args.target is not None else ttt.TARGET_ACCURACY)
     started = epochs = 0
 
     def start() -> None:
         nonlocal started
         started += 1
-        running.append(RunningTrial(study.ask(dists), started, fixed))
+        running.append(RunningTrial(study.ask(dists), started, fixed, args.metric, sign))
 
     while len(running) < 2 and started < args.trials:
         start()
@@ -161,7 +168,7 @@ def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
         value = t.next_value()
         epochs += 1
         t.trial.report(value, t.epoch)
-        if value >= args.target:
+        if value >= target:
             t.decide(stop=True)
             for other in running:
                 if other is not t:
@@ -188,7 +195,11 @@ def main() -> None:
     parser.add_argument("--tell", choices=["pruned", "complete"], default="pruned")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(20)))
     parser.add_argument("--trials", type=int, default=ttt.TRIALS)
-    parser.add_argument("--target", type=float, default=ttt.TARGET_ACCURACY)
+    parser.add_argument("--metric", choices=["val_accuracy", *MINIMIZED], default="val_accuracy",
+                        help="what the search optimizes and the target is on (val_loss: "
+                             "minimized, reached at or below --target)")
+    parser.add_argument("--target", type=float, default=None,
+                        help=f"default {ttt.TARGET_ACCURACY} (val_accuracy)")
     parser.add_argument("--epochs", type=int, default=ttt.EPOCHS)
     parser.add_argument("--val-fraction", type=float, default=ttt.VAL_FRACTION)
     args = parser.parse_args()
