@@ -124,7 +124,8 @@ def _case_indexes(connection: sa.Connection) -> None:
     start or ``hpo db upgrade`` makes it."""
     exists = sa.text("SELECT name FROM sqlite_master WHERE type = 'index' AND name = :n"
                      if connection.dialect.name == "sqlite" else
-                     "SELECT indexname FROM pg_indexes WHERE indexname = :n")
+                     "SELECT indexname FROM pg_indexes WHERE indexname = :n "
+                     "AND schemaname = current_schema()")
     for table, index in CASE_INDEXES.items():
         if connection.execute(exists, {"n": index}).first() is not None:
             continue

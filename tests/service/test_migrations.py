@@ -349,3 +349,35 @@ def test_the_case_index_left_out_for_a_clash_is_made_once_the_clash_is_gone(
     with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
         conn.execute(insert, {"n": "Bob-S1"})
     migrate.prepare(engine, auto=True)  # and found the next time
+
+
+def test_the_case_index_is_looked_for_in_the_databases_own_schema(pg_url, pg_server):
+    """On PostgreSQL the index was looked for by name in every schema: another schema's
+    (another deployment in the same database; another test's, which is how it showed)
+    hid this one's missing index, so it was never made."""
+    import uuid
+
+    other = f"other_{uuid.uuid4().hex[:12]}"
+    admin, engine = sa.create_engine(pg_server), build_engine(pg_url)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA {other}"))
+            for table, index in migrate.CASE_INDEXES.items():
+                conn.execute(sa.text(f"CREATE TABLE {other}.{table} (name text)"))
+                conn.execute(sa.text(f"CREATE UNIQUE INDEX {index} ON {other}.{table} "
+                                     f"(lower(name))"))
+        migrate.prepare(engine, auto=True)  # a new database: made at head, indexes included
+        with engine.begin() as conn:  # as after 0006/0008 met a clash, since deleted
+            for index in migrate.CASE_INDEXES.values():
+                conn.execute(sa.text(f"DROP INDEX {index}"))
+        migrate.prepare(engine, auto=True)
+        with engine.connect() as conn:
+            own = set(conn.execute(sa.text(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"))
+                .scalars())
+        assert set(migrate.CASE_INDEXES.values()) <= own
+    finally:
+        engine.dispose()
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {other} CASCADE"))
+        admin.dispose()
