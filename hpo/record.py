@@ -192,6 +192,25 @@ class StudyRecord:
         self.study.tell(orphan.number, state=TrialState.FAIL, skip_if_finished=True)
         self._changed(orphan.trial_id)
 
+    def end_waiting(self, stopped_by: str) -> int:
+        """End PRUNED (``stopped_by``, ``budget_updates`` 0) the study's WAITING trials, the
+        warm-start points and requeued parameters no driver will ask for any more once
+        ``budget.stop_when`` fired: left WAITING, a COMPLETED study kept them open for good.
+        Each is taken RUNNING first (Optuna ends only running trials), so that one another
+        process took meanwhile is left to it. Returns how many were ended."""
+        ended = 0
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id,
+                                                                            trial.number)
+            if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                continue  # taken by another process
+            set_trial_user_attrs(self.storage, trial_id,
+                                 {"stopped_by": stopped_by, "budget_updates": 0})
+            self.study.tell(trial.number, state=TrialState.PRUNED, skip_if_finished=True)
+            self._changed(trial_id)
+            ended += 1
+        return ended
+
     def exploited(self, ray_trial_id: str, donor_ray_trial_id: str, step: int | None,
                   old: dict[str, Any], new: dict[str, Any]) -> None:
         """PBT copied a donor into this trial: append the exploit to its ``exploits`` attribute.

@@ -257,6 +257,9 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
                                board, stop_rule)
                 finally:  # trials Tune stopped with the experiment, or left to the next driver
                     keeper.release_all()
+            if stop_rule is not None and stop_rule.reason is not None \
+                    and not stopper.interrupted:  # the study is over: no point is asked now
+                record.end_waiting("stop_when")
         except Exception as e:
             board.ended(NoteEnd("FAILED", error=public_message(f"{type(e).__name__}: {e}")))
             raise

@@ -161,3 +161,34 @@ def test_no_improvement_stops_while_running_trials_end_as_the_scheduler_decides(
                  if stop_reason(finished[:k], **rule) is not None)
     assert fired >= len(finished) - 1
     assert out.stop_reason == stop_reason(finished[:fired], **rule)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_warm_start_points_not_asked_when_the_rule_fires_end_pruned_not_waiting(
+        concurrency, sqlite_url, tmp_path):
+    """The breaker's finding: the first warm-start point reached the target, the study
+    ended COMPLETED, and the other points stayed WAITING for good (REST counted them
+    ``waiting``; a second run did not end them either: the rule fired before they were
+    asked). Those never asked now end PRUNED, ``stopped_by: stop_when``."""
+    points = [{"params": {"quality": q}} for q in (0.5, 9.0, 9.5, 8.0)]
+    spec = toy_spec(f"warm-{concurrency}", warm_start=points,
+                    budget={"n_trials": 10, "max_concurrent_trials": concurrency,
+                            "stop_when": {"target": 1.0}})
+    out, trials = run(spec, sqlite_url, tmp_path)
+    assert out.stop_reason.startswith("stop_when.target: trial 0's val_loss 0.7 reached")
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == pytest.approx(0.7)
+    ran = [t for t in trials[1:] if t.datetime_start is not None
+           and t.user_attrs.get("stopped_by") != "stop_when"]
+    never = [t for t in trials[1:] if t.user_attrs.get("stopped_by") == "stop_when"]
+    assert len(trials) == 4 and len(ran) + len(never) == 3  # no fifth trial, none WAITING
+    assert len(never) == 3 if concurrency == 1 else len(never) >= 1
+    assert [t.user_attrs["warm_start"] for t in trials] == [
+        f"points[{i}]" for i in range(4)]
+    for t in never:
+        assert (t.state, t.user_attrs["budget_updates"], t.intermediate_values) == (
+            TrialState.PRUNED, 0, {})
+    assert out.counts.complete + out.counts.pruned == 4
+    _, again = run(spec, sqlite_url, tmp_path)  # nothing left to end, nothing added
+    assert [(t.number, t.state) for t in again] == [(t.number, t.state) for t in trials]
