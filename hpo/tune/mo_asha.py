@@ -30,7 +30,8 @@ def crowding_distance(losses: np.ndarray) -> np.ndarray:
     Per objective, the rows are sorted by value (ties keep row order); the first
     and the last get ``inf``, each other row adds the gap between its two
     neighbours divided by the objective's range (last minus first). An objective
-    whose values are all equal adds nothing.
+    whose values are all equal adds nothing. Finite values whose range overflows float64
+    (near +-1e308) are scaled first: before, the range was ``inf`` and every distance NaN.
 
     Args:
         losses: float array of shape ``(n_rows, n_objectives)``, finite.
@@ -43,7 +44,11 @@ def crowding_distance(losses: np.ndarray) -> np.ndarray:
     for j in range(n_objectives):
         order = np.argsort(losses[:, j], kind="stable")
         v = losses[order, j]
-        width = v[-1] - v[0]
+        with np.errstate(over="ignore"):
+            width = v[-1] - v[0]
+        if not math.isfinite(width):  # finite values whose range overflows (1e308 - -1e308):
+            v = v / np.abs(v).max()     # the distance is a ratio of gaps, so scale them first
+            width = v[-1] - v[0]
         if width <= 0:
             continue
         distance[order[0]] = distance[order[-1]] = math.inf

@@ -4,6 +4,7 @@ and one small study on a real Ray."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import optuna
@@ -91,6 +92,21 @@ def test_rung_decisions_on_a_known_front_equal_the_hand_computation():
     assert [list(r) for r in rungs.recorded] == [
         ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"], ["t2", "t0", "t4", "t5", "t6"],
         ["t2", "t5"]]
+
+
+def test_finite_values_whose_range_overflows_keep_the_rule():
+    """The breaker's case: A = (1e308, -1e308), B = (-1e308, 1e308), then C = (0, 0), all on
+    front 0. By hand A and B get inf and C 2 (each objective's gap, 2e308, over its range,
+    2e308), so 2 vectors rank above C and ceil(3/2) = 2: C stops. Before, the range
+    overflowed to inf, C's distance was NaN, nothing ranked above it and it went on."""
+    front = np.array([[1e308, -1e308], [-1e308, 1e308], [0.0, 0.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        assert crowding_distance(front).tolist() == [math.inf, math.inf, 2.0]
+        rungs = MoRungs(1, 100, 2, ["minimize", "minimize"])
+        assert rungs.decide("A", 1, [1e308, -1e308]) is True
+        assert rungs.decide("B", 1, [-1e308, 1e308]) is True
+        assert rungs.decide("C", 1, [0.0, 0.0]) is False
 
 
 def test_crowding_distance_and_fronts_of_the_hand_computation():
