@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
 STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
+MO_RUNGS_ATTR = "mo_rungs"  # the vectors mo-asha recorded at its rungs (hpo.tune.mo_asha)
 
 
 class StudyRecord:
@@ -263,6 +264,35 @@ class StudyRecord:
 
     def knows(self, ray_trial_id: str) -> bool:
         return ray_trial_id in self.trials
+
+    # -- mo-asha's rungs (hpo.tune.mo_asha), kept across drivers ---------------------------
+
+    def rung_key(self, ray_trial_id: str) -> int | str:
+        """A trial's key at mo-asha's rungs: its Optuna number (kept by a trial a new driver
+        resumes), or the Tune id of a trial the record does not know."""
+        t = self.trials.get(ray_trial_id)
+        return t.number if t is not None else ray_trial_id
+
+    def rung_recorded(self, key: int | str, milestone: float, values: list[float]) -> None:
+        """Keep a vector mo-asha recorded at a rung in the trial's user attribute
+        ``mo_rungs`` (``[[milestone, [value, ...]], ...]``, raw objective values)."""
+        if not isinstance(key, int):
+            return
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, key)
+        kept = self.storage.get_trial(trial_id).user_attrs.get(MO_RUNGS_ATTR, [])
+        self.storage.set_trial_user_attr(trial_id, MO_RUNGS_ATTR,
+                                         [*kept, [milestone, values]])
+
+    def stored_rungs(self) -> list[tuple[int, float, list[float]]]:
+        """Every vector kept by :meth:`rung_recorded`, as ``(number, milestone, values)``
+        (a trial's malformed attribute is skipped)."""
+        out = []
+        for trial in self.study.get_trials(deepcopy=False):
+            for entry in trial.user_attrs.get(MO_RUNGS_ATTR) or []:
+                if isinstance(entry, list) and len(entry) == 2 and isinstance(
+                        entry[0], (int, float)) and isinstance(entry[1], list):
+                    out.append((trial.number, float(entry[0]), entry[1]))
+        return out
 
     def started(self, ray_trial_id: str) -> None:
         """A Ray trial (re)started running: wall time counts from now, unless it counts

@@ -10,13 +10,17 @@ is judged when it reaches a rung and stopped there or let on, never paused.
 
 :class:`MoRungs` is the algorithm (no Ray); :class:`MultiObjectiveASHA` answers
 Tune's events with it. Optuna stores intermediate values for one objective only,
-so the objectives are read from each result itself, never from the storage.
+so the objectives are read from each result itself, never from the storage; each
+vector recorded at a rung is kept in its trial's user attribute ``mo_rungs``
+(``StudyRecord.rung_recorded``), from which a restarted driver's rungs are put back
+(:meth:`MoRungs.restore`): without them its first trial at each rung went on whatever
+it scored.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -112,12 +116,35 @@ class MoRungs:
         while milestone < max_t:
             self.milestones.append(milestone)
             milestone *= reduction_factor
-        # per rung: trial id -> its signed objective vector, in the order recorded
-        self.recorded: list[dict[str, np.ndarray]] = [{} for _ in self.milestones]
+        # per rung: trial key -> its signed objective vector, in the order recorded
+        self.recorded: list[dict[Hashable, np.ndarray]] = [{} for _ in self.milestones]
+        # told (key, milestone, raw values) of each vector recorded (the study's record)
+        self.on_record: Callable[[Hashable, float, list[float]], None] | None = None
 
-    def decide(self, trial_id: str, updates: float, values: Sequence[float] | None) -> bool:
+    def restore(self, entries: Iterable[tuple[Hashable, float, Sequence[float]]]) -> int:
+        """Put back vectors recorded before (a driver restarted: ``(key, milestone, raw
+        values)`` as :attr:`on_record` was told them), so that the rule goes on ranking
+        against them; entries of a milestone this bracket lacks, or not finite, are
+        skipped. The order does not matter: a decision ranks against the whole rung.
+        Returns how many were put back."""
+        restored = 0
+        for key, milestone, values in entries:
+            index = next((i for i, m in enumerate(self.milestones)
+                          if math.isclose(m, milestone)), None)
+            if index is None or len(values) != len(self.signs) or key in self.recorded[index] \
+                    or not all(isinstance(v, (int, float)) and math.isfinite(v)
+                               for v in values):
+                continue
+            self.recorded[index][key] = self.signs * np.asarray(values, dtype=float)
+            restored += 1
+        return restored
+
+    def decide(self, trial_id: Hashable, updates: float,
+               values: Sequence[float] | None) -> bool:
         """Whether the trial continues after a result at ``updates`` optimizer updates.
 
+        ``trial_id``: the trial's key (one per trial for the study's life: the record's
+        Optuna trial number, so that a trial a new driver resumes is not judged twice).
         ``values``: the trial's objectives in the order of ``directions`` (raw, not
         signed), or None when one is missing.
         """
@@ -125,21 +152,23 @@ class MoRungs:
             return False
         if values is None or not all(math.isfinite(v) for v in values):
             return False
-        rung = self._rung(updates)
-        if rung is None or trial_id in rung:
+        index = self._rung(updates)
+        if index is None or trial_id in self.recorded[index]:
             return True
+        rung = self.recorded[index]
         loss = self.signs * np.asarray(values, dtype=float)
         keep = math.ceil((len(rung) + 1) / self.reduction_factor)
         ahead = self._ahead(np.array([*rung.values(), loss]))
         rung[trial_id] = loss
+        if self.on_record is not None:
+            self.on_record(trial_id, self.milestones[index], [float(v) for v in values])
         return ahead < keep
 
-    def _rung(self, updates: float) -> dict[str, np.ndarray] | None:
-        """The highest rung at or below ``updates``, None below the first."""
-        for milestone, rung in zip(reversed(self.milestones), reversed(self.recorded),
-                                   strict=True):
-            if updates >= milestone:
-                return rung
+    def _rung(self, updates: float) -> int | None:
+        """The index of the highest rung at or below ``updates``, None below the first."""
+        for index in reversed(range(len(self.milestones))):
+            if updates >= self.milestones[index]:
+                return index
         return None
 
     @staticmethod
@@ -163,14 +192,19 @@ class MultiObjectiveASHA(FIFOScheduler):
             ``"minimize"`` or ``"maximize"``.
         time_attr: the result's budget key (``hpo.tune.schedulers.TIME_ATTR``).
         grace_period, max_t, reduction_factor: as :class:`MoRungs`.
+        key: a Tune trial id to the trial's key at the rungs (default: the id itself;
+            the study's record gives its Optuna trial number, which a trial keeps when
+            a new driver resumes it).
     """
 
     def __init__(self, objectives: Sequence[tuple[str, str]], time_attr: str,
-                 grace_period: int, max_t: int, reduction_factor: float) -> None:
+                 grace_period: int, max_t: int, reduction_factor: float,
+                 key: Callable[[str], Hashable] | None = None) -> None:
         super().__init__()
         self.metrics = [m for m, _ in objectives]
         self.time_attr = time_attr
         self.rungs = MoRungs(grace_period, max_t, reduction_factor, [d for _, d in objectives])
+        self.key = key or (lambda trial_id: trial_id)
         self.n_stopped = 0
 
     def _values(self, result: Mapping) -> list[float] | None:
@@ -182,7 +216,8 @@ class MultiObjectiveASHA(FIFOScheduler):
     def on_trial_result(self, tune_controller, trial, result) -> str:
         if self.time_attr not in result:
             return TrialScheduler.CONTINUE
-        if self.rungs.decide(trial.trial_id, result[self.time_attr], self._values(result)):
+        if self.rungs.decide(self.key(trial.trial_id), result[self.time_attr],
+                             self._values(result)):
             return TrialScheduler.CONTINUE
         self.n_stopped += 1
         return TrialScheduler.STOP
@@ -190,7 +225,8 @@ class MultiObjectiveASHA(FIFOScheduler):
     def on_trial_complete(self, tune_controller, trial, result) -> None:
         # as Ray's ASHA: a last result not seen by on_trial_result is recorded at its rung
         if result and self.time_attr in result:
-            self.rungs.decide(trial.trial_id, result[self.time_attr], self._values(result))
+            self.rungs.decide(self.key(trial.trial_id), result[self.time_attr],
+                              self._values(result))
 
     def debug_string(self) -> str:
         sizes = ", ".join(f"{m:g}: {len(r)}" for m, r in

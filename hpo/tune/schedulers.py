@@ -139,7 +139,11 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
         inner = MultiObjectiveASHA(
             [(o.metric, o.direction) for o in spec.objectives], TIME_ATTR,
             grace_period=s.grace_period, max_t=s.max_t or planned_updates,
-            reduction_factor=s.reduction_factor)
+            reduction_factor=s.reduction_factor,
+            key=record.rung_key if record is not None else None)
+        if record is not None:  # a restarted driver ranks against the earlier vectors
+            inner.rungs.restore(record.stored_rungs())
+            inner.rungs.on_record = record.rung_recorded
     elif s.name == "hyperband":
         inner = HyperBand(time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
                           reduction_factor=s.reduction_factor)

@@ -288,6 +288,45 @@ def test_a_study_on_ray_prunes_the_dominated_trial_and_keeps_its_last_values(
     assert [number for number, *_ in out.pareto_front] == [0, 2]
 
 
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_restarted_driver_ranks_against_the_vectors_recorded_before_it(
+        sqlite_url, tmp_path):
+    """The breaker's finding: the rungs lived in the driver's memory, so after a restart
+    the first trial at each rung went on whatever it scored (here the quality-6 point,
+    dominated by trial 0 at 3 updates, trained to the end). Each recorded vector is kept
+    in its trial's ``mo_rungs`` attribute and put back by the next driver: the decisions
+    are those of the uninterrupted run above."""
+    from hpo.storage import open_storage as storage_of
+    from hpo.tune.driver import run_study
+
+    points = [{"quality": 5.0, "score": 0.0}, {"quality": 6.0, "score": 0.0},
+              {"quality": 7.0, "score": 10.0}]
+    spec = _spec("mo-restart", warm_start=[{"params": p} for p in points],
+                 config={"max_updates": 12, "max_epochs": None, "eval_interval": 3,
+                         "micro_batch_size": 8, "sleep_ms": 40})
+    storage = storage_of(sqlite_url)
+
+    def once_trial_0_completed() -> bool:  # the driver is "killed" as trial 1 starts
+        study_id = storage.get_study_id_from_name("mo-restart")
+        return any(t.number == 0 and t.state == TrialState.COMPLETE
+                   for t in storage.get_all_trials(study_id, deepcopy=False))
+
+    first = run_study(spec, sqlite_url, results_dir=tmp_path / "ray",
+                      should_interrupt=once_trial_0_completed)
+    assert first.interrupted
+    run_study(spec, sqlite_url, results_dir=tmp_path / "ray")
+    trials = optuna.load_study(study_name="mo-restart", storage=sqlite_url).get_trials()
+    ran = {t.params["quality"]: t for t in trials if t.state != TrialState.FAIL}
+    assert {q: t.state for q, t in ran.items()} == {
+        5.0: TrialState.COMPLETE, 6.0: TrialState.PRUNED, 7.0: TrialState.COMPLETE}
+    assert ran[6.0].user_attrs["budget_updates"] == 3
+    assert ran[5.0].user_attrs["mo_rungs"] == [[3.0, [5.5, -5.5]],
+                                               [6.0, [pytest.approx(5 + 1 / 3),
+                                                      pytest.approx(-5 - 1 / 3)]]]
+    assert ran[6.0].user_attrs["mo_rungs"] == [[3.0, [6.5, -6.5]]]
+
+
 def test_nsga2_builds_its_generations_from_complete_trials_only():
     # what the README says of PRUNED trials under mo-asha: NSGA-II's populations count
     # COMPLETE trials only (Optuna 5.0, BaseGASampler.get_trial_generation)
