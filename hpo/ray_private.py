@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ray
 from ray import tune
-from ray.tune.schedulers import HyperBandScheduler, TrialScheduler
+from ray.tune.schedulers import AsyncHyperBandScheduler, HyperBandScheduler, TrialScheduler
 
 from hpo.pinned import require
 
@@ -92,6 +92,21 @@ def __getattr__(name: str):
 # -- Ray Tune schedulers: overrides at private seams ------------------------------------
 
 log = logging.getLogger(__name__)
+
+
+def asha_rungs(scheduler: AsyncHyperBandScheduler) -> list[tuple[float, dict]]:
+    """The rungs of a one-bracket ASHA, highest first: ``(milestone, {trial id: signed
+    value})``, the very dicts its decisions read and write. Ray keeps them private
+    (``_Bracket._rungs``) and has no way to fill them, so a new driver's ASHA started
+    with empty rungs (``hpo.tune.schedulers.restore_asha`` fills them from the study).
+
+    Raises:
+        ValueError: the scheduler has more than one bracket (which bracket a trial was
+            in is not stored anywhere).
+    """
+    if len(scheduler._brackets) != 1:
+        raise ValueError(f"{len(scheduler._brackets)} brackets: only one can be restored")
+    return scheduler._brackets[0]._rungs
 
 
 class HyperBand(HyperBandScheduler):

@@ -283,6 +283,14 @@ class StudyRecord:
         self.storage.set_trial_user_attr(trial_id, MO_RUNGS_ATTR,
                                          [*kept, [milestone, values]])
 
+    def stored_curves(self) -> list[tuple[int, dict[int, float], bool]]:
+        """Each trial's intermediate values (``(number, {step: value}, whether it ended
+        COMPLETE or PRUNED)``, trials with any), from which a new driver's ASHA is refilled
+        (``hpo.tune.schedulers.restore_asha``)."""
+        ended = (TrialState.COMPLETE, TrialState.PRUNED)
+        return [(t.number, dict(t.intermediate_values), t.state in ended)
+                for t in self.study.get_trials(deepcopy=False) if t.intermediate_values]
+
     def stored_rungs(self) -> list[tuple[int, float, list[float]]]:
         """Every vector kept by :meth:`rung_recorded`, as ``(number, milestone, values)``
         (a trial's malformed attribute is skipped)."""

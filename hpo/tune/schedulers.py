@@ -10,6 +10,9 @@ it was told (``hpo.record``).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Mapping
+
 from ray.tune.schedulers import (
     AsyncHyperBandScheduler,
     FIFOScheduler,
@@ -17,7 +20,7 @@ from ray.tune.schedulers import (
     TrialScheduler,
 )
 
-from hpo.ray_private import HyperBand
+from hpo.ray_private import HyperBand, asha_rungs
 from hpo.record import StudyRecord
 from hpo.space import build_pruner
 from hpo.spec import StudySpec
@@ -64,6 +67,10 @@ class RecordingScheduler(TrialScheduler):
 
     def on_trial_add(self, tune_controller, trial) -> None:
         self.inner.on_trial_add(tune_controller, trial)
+        if isinstance(self.inner, AsyncHyperBandScheduler) and self.record.knows(
+                trial.trial_id):  # a trial resumed by a new driver keeps its rung values
+            rekey_asha(self.inner, restored_key(self.record.rung_key(trial.trial_id)),
+                       trial.trial_id)
 
     def on_trial_result(self, tune_controller, trial, result) -> str:
         known = self.record.knows(trial.trial_id)
@@ -135,6 +142,10 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
             grace_period=s.grace_period, reduction_factor=s.reduction_factor,
             brackets=s.brackets)
+        if record is not None and s.brackets == 1:  # a restarted driver's rungs
+            maximize = spec.objectives[0].direction == "maximize"
+            restore_asha(inner, s.max_t or planned_updates, record.stored_curves(),
+                         1.0 if maximize else -1.0)
     elif s.name == "mo-asha":
         inner = MultiObjectiveASHA(
             [(o.metric, o.direction) for o in spec.objectives], TIME_ATTR,
@@ -160,3 +171,56 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
     else:
         raise ValueError(f"scheduler {s.name!r} is not run by build_scheduler")
     return RecordingScheduler(inner, record, s.name, removal_stops=True)
+
+
+def restored_key(number: int | str) -> str:
+    """The rung key of a trial a previous driver ran (Optuna trial ``number``), until a
+    Tune trial resuming it takes it over (:func:`rekey_asha`)."""
+    return f"optuna-trial-{number}"
+
+
+def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
+                 curves: Iterable[tuple[int, Mapping[int, float], bool]], sign: float) -> int:
+    """Fill a new driver's one-bracket ASHA with what the study's earlier drivers recorded
+    at its rungs, from each trial's intermediate values (``curves``: Optuna number,
+    ``{step: value}``, whether the trial ended COMPLETE or PRUNED; ``sign`` +1 maximizing,
+    -1 minimizing, as Ray's ``metric_op``).
+
+    Each trial's reports are replayed through Ray's rule (``_Bracket.on_result``): at a
+    report, the highest rung at or below its step where the trial is not recorded yet
+    takes its value (a report at or past ``max_t`` is not judged), and an ended trial's
+    last report is replayed once more, as Ray's ``on_trial_complete`` does (it may then
+    be recorded at a lower rung too). What a trial recorded depends on its own reports
+    alone, and a decision reads the whole rung, so their order does not matter. Before,
+    a new driver (a restart, the service's recovery) started with empty rungs: its first
+    trial at each rung went on whatever it scored. Returns the values put back.
+    """
+    rungs = asha_rungs(scheduler)
+    restored = 0
+
+    def replay(key: str, step: int, value: float) -> None:
+        nonlocal restored
+        for milestone, recorded in rungs:
+            if step < milestone or key in recorded:
+                continue
+            recorded[key] = sign * value
+            restored += 1
+            return
+
+    for number, curve, ended in curves:
+        key, steps = restored_key(number), sorted(curve)
+        for step in steps:
+            if step < max_t:
+                replay(key, step, curve[step])
+        if ended and steps:
+            replay(key, steps[-1], curve[steps[-1]])
+    return restored
+
+
+def rekey_asha(scheduler: AsyncHyperBandScheduler, old: str, new: str) -> None:
+    """Give the values ``old`` recorded at an ASHA's rungs to ``new`` (a trial resumed by a
+    new driver: judged again at a rung it passed, it could be stopped there)."""
+    with contextlib.suppress(ValueError):  # several brackets: nothing was restored
+        for _, recorded in asha_rungs(scheduler):
+            if old in recorded:
+                recorded[new] = recorded.pop(old)

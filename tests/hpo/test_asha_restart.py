@@ -1,0 +1,162 @@
+"""A new driver's ASHA ranks against what earlier drivers recorded at its rungs (the
+breaker's finding for mo-asha, which plain ASHA shared: Ray keeps its rungs in the
+driver's memory, so after a restart the first trial at each rung went on)."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+
+from hpo.ray_private import asha_rungs
+from hpo.tune.schedulers import restore_asha, restored_key
+
+# reports (step, val_loss) per trial, in the order they arrive; rungs at 1, 2, 4 (grace 1,
+# reduction factor 2), max_t 6: steps skip rungs, a trial ends at max_t, one has a NaN
+CURVES = {
+    0: [(1, 5.0), (2, 4.0), (3, 3.5), (4, 3.0), (6, 2.0)],
+    1: [(1, 6.0), (2, 5.5)],
+    2: [(1, 4.0), (3, 3.0), (5, 2.5), (6, 2.4)],
+    3: [(2, 7.0)],
+    4: [(1, math.nan), (4, 1.0), (6, 0.5)],
+    5: [(6, 9.0)],  # its only report at max_t: recorded at its end, at the highest rung
+    6: [(1, 3.0), (2, 8.0)],  # stopped at 2: its end records that report at 1 too
+}
+
+
+def _asha() -> AsyncHyperBandScheduler:
+    asha = AsyncHyperBandScheduler(time_attr="step", max_t=6, grace_period=1,
+                                   reduction_factor=2)
+    asha.set_search_properties("val_loss", "min")
+    return asha
+
+
+def _uninterrupted() -> tuple[AsyncHyperBandScheduler, dict[int, list]]:
+    """Ray's own ASHA fed every report (interleaved), as one driver: the reports it let
+    through, per trial, are what the study stores as intermediate values."""
+    asha, stored = _asha(), {n: [] for n in CURVES}
+    trials = {n: Trial("toy", stub=True, trial_id=f"t{n}") for n in CURVES}
+    for trial in trials.values():
+        trial.set_status(Trial.RUNNING)
+        asha.on_trial_add(None, trial)
+    pending = {n: list(c) for n, c in CURVES.items()}
+    while any(pending.values()):
+        for n in CURVES:
+            if not pending[n]:
+                continue
+            step, value = pending[n].pop(0)
+            result = {"step": step, "val_loss": value}
+            stored[n].append((step, value))
+            if asha.on_trial_result(None, trials[n], result) == TrialScheduler.STOP:
+                pending[n] = []
+            if not pending[n]:
+                asha.on_trial_complete(None, trials[n], result)
+    return asha, stored
+
+
+def test_the_restored_rungs_equal_those_of_the_uninterrupted_scheduler():
+    asha, stored = _uninterrupted()
+    restored = _asha()
+    n = restore_asha(restored, 6, [(k, dict(v), True) for k, v in stored.items()], -1.0)
+    expected = [(m, {restored_key(int(t[1:])): v for t, v in rec.items()})
+                for m, rec in asha_rungs(asha)]
+    got = asha_rungs(restored)
+    assert [m for m, _ in got] == [m for m, _ in expected] == [4, 2, 1]
+    for (_, g), (_, e) in zip(got, expected, strict=True):
+        assert g.keys() == e.keys()
+        assert all(g[k] == e[k] or (math.isnan(g[k]) and math.isnan(e[k])) for k in g)
+    assert n == sum(len(rec) for _, rec in expected) and n > 0
+    # and a new trial meets the same cutoff in both
+    late = Trial("toy", stub=True, trial_id="late")
+    late.set_status(Trial.RUNNING)
+    for scheduler in (asha, restored):
+        scheduler.on_trial_add(None, late)
+    decisions = [s.on_trial_result(None, late, {"step": 2, "val_loss": 5.0})
+                 for s in (asha, restored)]
+    assert decisions[0] == decisions[1]
+
+
+def test_a_trial_still_running_is_not_recorded_as_ended():
+    """An orphan (RUNNING: its driver is gone) gets no end-of-trial record: the driver
+    that resumes it makes that one."""
+    restored = _asha()
+    restore_asha(restored, 6, [(3, {2: 7.0}, False)], -1.0)
+    assert [dict(rec) for _, rec in asha_rungs(restored)] == [
+        {}, {restored_key(3): -7.0}, {}]
+
+
+def test_several_brackets_are_left_empty_saying_why():
+    asha = AsyncHyperBandScheduler(time_attr="step", max_t=8, grace_period=1,
+                                   reduction_factor=2, brackets=2)
+    with pytest.raises(ValueError, match="2 brackets: only one can be restored"):
+        asha_rungs(asha)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(sqlite_url, tmp_path):
+    from hpo.storage import open_storage
+    from hpo.tune.driver import run_study
+    from tests.hpo.test_driver import toy_spec
+
+    # one trial at a time, val_loss = quality + 1/(k + 1) after k evaluations (every 3
+    # updates); rungs at 3 and 6 of 12. Uninterrupted: quality 6 meets quality 5's 5.5 at
+    # 3 updates (6.5 is worse: stopped), quality 4 beats it (on to the end).
+    points = [{"params": {"quality": q}} for q in (5.0, 6.0, 4.0)]
+    spec = toy_spec("asha-restart", warm_start=points, config={"sleep_ms": 40},
+                    scheduler={"name": "asha", "grace_period": 3, "reduction_factor": 2},
+                    budget={"n_trials": 3, "max_concurrent_trials": 1})
+    storage = open_storage(sqlite_url)
+
+    def once_trial_0_completed() -> bool:
+        study_id = storage.get_study_id_from_name("asha-restart")
+        return any(t.number == 0 and t.state == TrialState.COMPLETE
+                   for t in storage.get_all_trials(study_id, deepcopy=False))
+
+    first = run_study(spec, sqlite_url, results_dir=tmp_path / "ray",
+                      should_interrupt=once_trial_0_completed)
+    assert first.interrupted
+    run_study(spec, sqlite_url, results_dir=tmp_path / "ray")
+    trials = optuna.load_study(study_name="asha-restart", storage=sqlite_url).get_trials()
+    ran = {t.params["quality"]: t for t in trials if t.state != TrialState.FAIL}
+    assert {q: t.state for q, t in ran.items()} == {
+        5.0: TrialState.COMPLETE, 6.0: TrialState.PRUNED, 4.0: TrialState.COMPLETE}
+    assert (ran[6.0].user_attrs["stopped_by"], ran[6.0].user_attrs["budget_updates"]) == (
+        "asha", 3)
+
+
+def test_a_trial_a_new_driver_resumes_keeps_its_rung_values_under_its_new_id():
+    """Resumed from its checkpoint by a new Tune trial (a new id), a trial recorded at a
+    rung by the old driver is not judged there again (it could be stopped at a rung it
+    had passed, against values that came after it)."""
+    from hpo.tune.schedulers import RecordingScheduler
+
+    class Record:
+        def knows(self, trial_id):
+            return True
+
+        def rung_key(self, trial_id):
+            return 7  # the Optuna trial the new Tune trial adopted
+
+        def result(self, trial_id, result):
+            pass
+
+        def decided(self, trial_id, decision, by):
+            pass
+
+    inner = _asha()
+    restore_asha(inner, 6, [(7, {1: 3.0}, False), (8, {1: 1.0}, True), (9, {1: 2.0}, True)],
+                 -1.0)
+    scheduler = RecordingScheduler(inner, Record(), "asha", removal_stops=True)
+    trial = Trial("toy", stub=True, trial_id="resumed")
+    trial.set_status(Trial.RUNNING)
+    scheduler.on_trial_add(None, trial)
+    assert asha_rungs(inner)[-1][1] == {"resumed": -3.0, restored_key(8): -1.0,
+                                         restored_key(9): -2.0}
+    # its report at 1 again (after its checkpoint): recorded already, not judged again
+    assert scheduler.on_trial_result(None, trial, {"step": 1, "val_loss": 3.0}) == \
+        TrialScheduler.CONTINUE
