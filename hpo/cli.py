@@ -117,6 +117,8 @@ def run(
                                    results_dir=results_dir, num_cpus=num_cpus,
                                    artifact_dir=artifact_dir, on_change=progress.update,
                                    should_interrupt=interrupted.is_set)
+                progress.finish(result.counts, None if result.best_number is None else
+                                (result.best_number, result.best_value))
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)

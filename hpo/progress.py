@@ -9,6 +9,7 @@ from rich.live import Live
 from rich.table import Table
 
 from hpo.record import StudyRecord
+from hpo.recordtypes import Counts
 
 
 class LiveProgress:
@@ -23,8 +24,8 @@ class LiveProgress:
         self.console = console or Console(stderr=True)
         self.min_interval = 1.0 / max_hz
         self.last_draw = 0.0
-        self.record: StudyRecord | None = None
-        self.live = Live(self._table(None), console=self.console, auto_refresh=False,
+        self.counts, self.best = Counts(), None
+        self.live = Live(self._table(), console=self.console, auto_refresh=False,
                          transient=False)
 
     def __enter__(self) -> LiveProgress:
@@ -32,26 +33,29 @@ class LiveProgress:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.record is not None:
-            self.update(self.record, force=True)
+        self.live.update(self._table(), refresh=True)
         self.live.__exit__(*exc)
 
     def update(self, record: StudyRecord, force: bool = False) -> None:
-        self.record = record
+        self.counts, self.best = record.counts(), record.best
         now = time.monotonic()
         if force or now - self.last_draw >= self.min_interval:
             self.last_draw = now
-            self.live.update(self._table(record), refresh=True)
+            self.live.update(self._table(), refresh=True)
 
-    def _table(self, record: StudyRecord | None) -> Table:
+    def finish(self, counts: Counts, best: tuple[int, float] | None) -> None:
+        """The study as the run left it: a run with nothing left to do (the study was
+        finished already) changes no trial, so :meth:`update` was never called and the
+        table said 0 finished."""
+        self.counts, self.best = counts, best
+        self.live.update(self._table(), refresh=True)
+
+    def _table(self) -> Table:
         table = Table(title="study progress", show_header=True, header_style="bold")
         for column in ["finished", "running", "complete", "pruned", "failed", "best so far"]:
             table.add_column(column, justify="right")
-        if record is None:
-            table.add_row(f"0/{self.n_trials}", "0", "0", "0", "0", "-")
-            return table
-        c = record.counts()
-        best = "-" if record.best is None else f"{record.best[1]:.4f} (#{record.best[0]})"
+        c = self.counts
+        best = "-" if self.best is None else f"{self.best[1]:.4f} (#{self.best[0]})"
         table.add_row(f"{c.finished}/{self.n_trials}", str(c.running), str(c.complete),
                       str(c.pruned), str(c.failed), best)
         return table

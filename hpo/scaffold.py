@@ -311,8 +311,8 @@ class {cls}(Task):
         return MLP(self.options)  # the loop seeds torch's RNG before calling
 
     def loss_sum(self, model: nn.Module, batch) -> torch.Tensor:
-        # a SUM over the micro-batch: the loop divides by the items of the whole
-        # accumulation group. For token losses: reduction="none", times the mask of
+        # REPLACE: your loss, a SUM over the micro-batch: the loop divides by the items
+        # of the whole accumulation group. For token losses: reduction="none", times the mask of
         # real tokens, summed (and n_items counting those tokens).
         x_BF, y_B = batch
         return F.cross_entropy(model(x_BF).float(), y_B, reduction="sum")

@@ -36,6 +36,15 @@ def test_run_prints_progress_and_best_trial(tmp_path):
     assert "best trial #" in proc.stdout and "quality = " in proc.stdout
     study = optuna.load_study(study_name="cli-study", storage=url)
     assert len(study.trials) == 2
+    # again: nothing left to run; the table showed 0/2 finished and no best (a new user)
+    again = subprocess.run([*HPO, "run", str(_spec(tmp_path / "s.yaml")), "--storage", url,
+                            "--results-dir", str(tmp_path / "ray"), "--num-cpus", "2"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    table = again.stderr[again.stderr.rindex("study progress"):]
+    row = next(line for line in table.splitlines() if "/2" in line).split()
+    assert row[1:7:1] == ["2/2", "│", "0", "│", "2", "│"], table
+    assert "(#" in table and "trials finished" not in table
 
 
 def test_invalid_spec_exits_2_naming_each_field(tmp_path):
