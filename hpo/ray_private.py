@@ -17,7 +17,12 @@ from pathlib import Path
 
 import ray
 from ray import tune
-from ray.tune.schedulers import AsyncHyperBandScheduler, HyperBandScheduler, TrialScheduler
+from ray.tune.schedulers import (
+    AsyncHyperBandScheduler,
+    HyperBandScheduler,
+    MedianStoppingRule,
+    TrialScheduler,
+)
 
 from hpo.pinned import require
 
@@ -107,6 +112,14 @@ def asha_rungs(scheduler: AsyncHyperBandScheduler) -> list[tuple[float, dict]]:
     if len(scheduler._brackets) != 1:
         raise ValueError(f"{len(scheduler._brackets)} brackets: only one can be restored")
     return scheduler._brackets[0]._rungs
+
+
+def median_results(scheduler: MedianStoppingRule) -> dict:
+    """The results the median stopping rule ranks against: trial -> its results in order
+    (``{time_attr: ..., metric: ...}`` dicts), the very dict its decisions read. Private
+    in Ray (``_results``), with no way to fill it: a new driver's rule started empty
+    (``hpo.tune.schedulers.restore_median`` fills it from the study)."""
+    return scheduler._results
 
 
 class HyperBand(HyperBandScheduler):

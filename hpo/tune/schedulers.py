@@ -20,7 +20,7 @@ from ray.tune.schedulers import (
     TrialScheduler,
 )
 
-from hpo.ray_private import HyperBand, asha_rungs
+from hpo.ray_private import HyperBand, asha_rungs, median_results
 from hpo.record import StudyRecord
 from hpo.space import build_pruner
 from hpo.spec import StudySpec
@@ -67,10 +67,13 @@ class RecordingScheduler(TrialScheduler):
 
     def on_trial_add(self, tune_controller, trial) -> None:
         self.inner.on_trial_add(tune_controller, trial)
-        if isinstance(self.inner, AsyncHyperBandScheduler) and self.record.knows(
-                trial.trial_id):  # a trial resumed by a new driver keeps its rung values
-            rekey_asha(self.inner, restored_key(self.record.rung_key(trial.trial_id)),
-                       trial.trial_id)
+        restorable = isinstance(self.inner, (AsyncHyperBandScheduler, MedianStoppingRule))
+        if restorable and self.record.knows(trial.trial_id):  # one a new driver resumes
+            old = restored_key(self.record.rung_key(trial.trial_id))  # keeps its past
+            if isinstance(self.inner, AsyncHyperBandScheduler):
+                rekey_asha(self.inner, old, trial.trial_id)
+            elif old in (results := median_results(self.inner)):
+                results[trial] = results.pop(old)
 
     def on_trial_result(self, tune_controller, trial, result) -> str:
         known = self.record.knows(trial.trial_id)
@@ -163,6 +166,8 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             time_attr=TIME_ATTR, grace_period=s.grace_period,
             min_samples_required=s.min_samples_required, min_time_slice=s.min_time_slice,
             hard_stop=s.hard_stop)
+        if record is not None and s.hard_stop:  # a restarted driver's running means
+            restore_median(inner, spec.objectives[0].metric, record.stored_curves())
     elif s.name == "optuna-pruner":
         return RecordingScheduler(OptunaPrunerScheduler(record, build_pruner(s.pruner)),
                                   record, f"optuna-{s.pruner.name}")
@@ -214,6 +219,28 @@ def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
                 replay(key, step, curve[step])
         if ended and steps:
             replay(key, steps[-1], curve[steps[-1]])
+    return restored
+
+
+def restore_median(scheduler: MedianStoppingRule, metric: str,
+                   curves: Iterable[tuple[int, Mapping[int, float], bool]]) -> int:
+    """Fill a new driver's median stopping rule (``hard_stop``) with the study's earlier
+    results, from each trial's intermediate values (``curves`` as :func:`restore_asha`
+    takes them): every report in order, as Ray's ``on_trial_result`` appends them, and an
+    ended trial's last one once more, as its ``on_trial_complete`` does. Before, a new
+    driver's rule had no other trial's running mean: every trial went on until
+    ``min_samples_required`` trials of its own run had reported. With ``hard_stop: false``
+    a stopped trial's later reports are left out by Ray, and which reports those were is
+    not stored: that rule starts empty. Returns the trials put back."""
+    results = median_results(scheduler)
+    restored = 0
+    for number, curve, ended in curves:
+        steps = sorted(curve)
+        if not steps:
+            continue
+        reports = [{TIME_ATTR: step, metric: curve[step]} for step in steps]
+        results[restored_key(number)] = [*reports, dict(reports[-1])] if ended else reports
+        restored += 1
     return restored
 
 

@@ -1,6 +1,6 @@
-"""A new driver's ASHA ranks against what earlier drivers recorded at its rungs (the
-breaker's finding for mo-asha, which plain ASHA shared: Ray keeps its rungs in the
-driver's memory, so after a restart the first trial at each rung went on)."""
+"""A new driver's ASHA and median stopping rule rank against what earlier drivers recorded
+(the breaker's finding for mo-asha, which Ray's schedulers shared: they keep their state
+in the driver's memory, so after a restart the first trial at each rung went on)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from ray.tune.experiment import Trial
-from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
+from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule, TrialScheduler
 
-from hpo.ray_private import asha_rungs
-from hpo.tune.schedulers import restore_asha, restored_key
+from hpo.ray_private import asha_rungs, median_results
+from hpo.tune.schedulers import restore_asha, restore_median, restored_key
 
 # reports (step, val_loss) per trial, in the order they arrive; rungs at 1, 2, 4 (grace 1,
 # reduction factor 2), max_t 6: steps skip rungs, a trial ends at max_t, one has a NaN
@@ -89,6 +89,51 @@ def test_a_trial_still_running_is_not_recorded_as_ended():
         {}, {restored_key(3): -7.0}, {}]
 
 
+class _Controller:
+    """What the median rule asks of Tune while it has too few samples: no trial waits."""
+
+    def get_live_trials(self):
+        return []
+
+
+def _median() -> MedianStoppingRule:
+    rule = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=2)
+    rule.set_search_properties("val_loss", "min")
+    return rule
+
+
+def test_the_restored_median_rule_has_the_results_and_decisions_of_the_uninterrupted_one():
+    rule, trials, stored = _median(), {}, {}
+    for n, curve in CURVES.items():  # one after another, as one driver at concurrency 1
+        trials[n] = Trial("toy", stub=True, trial_id=f"t{n}")
+        trials[n].set_status(Trial.RUNNING)
+        rule.on_trial_add(None, trials[n])
+        stored[n] = {}
+        for step, value in curve:
+            result = {"step": step, "val_loss": value}
+            stored[n][step] = value
+            if rule.on_trial_result(_Controller(), trials[n], result) == TrialScheduler.STOP:
+                break
+        rule.on_trial_complete(None, trials[n], result)
+    restored = _median()
+    assert restore_median(restored, "val_loss",
+                          [(n, v, True) for n, v in stored.items()]) == len(CURVES)
+    original = median_results(rule)
+    assert {restored_key(int(t.trial_id[1:])): v for t, v in original.items()}.keys() == \
+        median_results(restored).keys()
+    for t, results in original.items():
+        got = median_results(restored)[restored_key(int(t.trial_id[1:]))]
+        assert [(r["step"], r["val_loss"]) for r in got] == [
+            (r["step"], r["val_loss"]) for r in results]
+    for k, report in enumerate(({"step": 1, "val_loss": 5.5}, {"step": 2, "val_loss": 5.0},
+                                {"step": 4, "val_loss": 2.0}, {"step": 4, "val_loss": 9.0})):
+        late = Trial("toy", stub=True, trial_id=f"late{k}")  # a new trial, one report each
+        late.set_status(Trial.RUNNING)
+        decisions = {s.on_trial_result(_Controller(), late, dict(report))
+                     for s in (rule, restored)}
+        assert len(decisions) == 1, report
+
+
 def test_several_brackets_are_left_empty_saying_why():
     asha = AsyncHyperBandScheduler(time_attr="step", max_t=8, grace_period=1,
                                    reduction_factor=2, brackets=2)
@@ -98,22 +143,27 @@ def test_several_brackets_are_left_empty_saying_why():
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
-def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(sqlite_url, tmp_path):
+@pytest.mark.parametrize("scheduler", [
+    {"name": "asha", "grace_period": 3, "reduction_factor": 2},
+    {"name": "median", "grace_period": 3, "min_samples_required": 1}], ids=lambda s: s["name"])
+def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sqlite_url,
+                                                                    tmp_path):
     from hpo.storage import open_storage
     from hpo.tune.driver import run_study
     from tests.hpo.test_driver import toy_spec
 
     # one trial at a time, val_loss = quality + 1/(k + 1) after k evaluations (every 3
-    # updates); rungs at 3 and 6 of 12. Uninterrupted: quality 6 meets quality 5's 5.5 at
-    # 3 updates (6.5 is worse: stopped), quality 4 beats it (on to the end).
+    # updates); ASHA's rungs at 3 and 6 of 12, the median rule from 3. Uninterrupted:
+    # quality 6 meets quality 5's 5.5 at 3 updates (6.5 is worse: stopped), quality 4
+    # beats it (on to the end).
     points = [{"params": {"quality": q}} for q in (5.0, 6.0, 4.0)]
-    spec = toy_spec("asha-restart", warm_start=points, config={"sleep_ms": 40},
-                    scheduler={"name": "asha", "grace_period": 3, "reduction_factor": 2},
+    name = f"{scheduler['name']}-restart"
+    spec = toy_spec(name, warm_start=points, config={"sleep_ms": 40}, scheduler=scheduler,
                     budget={"n_trials": 3, "max_concurrent_trials": 1})
     storage = open_storage(sqlite_url)
 
     def once_trial_0_completed() -> bool:
-        study_id = storage.get_study_id_from_name("asha-restart")
+        study_id = storage.get_study_id_from_name(name)
         return any(t.number == 0 and t.state == TrialState.COMPLETE
                    for t in storage.get_all_trials(study_id, deepcopy=False))
 
@@ -121,12 +171,12 @@ def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(sqlite_url, t
                       should_interrupt=once_trial_0_completed)
     assert first.interrupted
     run_study(spec, sqlite_url, results_dir=tmp_path / "ray")
-    trials = optuna.load_study(study_name="asha-restart", storage=sqlite_url).get_trials()
+    trials = optuna.load_study(study_name=name, storage=sqlite_url).get_trials()
     ran = {t.params["quality"]: t for t in trials if t.state != TrialState.FAIL}
     assert {q: t.state for q, t in ran.items()} == {
         5.0: TrialState.COMPLETE, 6.0: TrialState.PRUNED, 4.0: TrialState.COMPLETE}
     assert (ran[6.0].user_attrs["stopped_by"], ran[6.0].user_attrs["budget_updates"]) == (
-        "asha", 3)
+        scheduler["name"], 3)
 
 
 def test_a_trial_a_new_driver_resumes_keeps_its_rung_values_under_its_new_id():
