@@ -122,12 +122,17 @@ def _case_indexes(connection: sa.Connection) -> None:
     ones, but only the index settles concurrent creates). Revisions 0006 and 0008 leave
     the index out of a database that held such names; once they are deleted, the next
     start or ``hpo db upgrade`` makes it."""
+    # on PostgreSQL, in the schema of the table it indexes (the one the search path finds,
+    # where CREATE INDEX puts it): another schema's index of the same name is another
+    # deployment's, and current_schema() is not the table's when the path's first schema
+    # was made after the tables
     exists = sa.text("SELECT name FROM sqlite_master WHERE type = 'index' AND name = :n"
                      if connection.dialect.name == "sqlite" else
-                     "SELECT indexname FROM pg_indexes WHERE indexname = :n "
-                     "AND schemaname = current_schema()")
+                     "SELECT i.indexname FROM pg_indexes i JOIN pg_class c ON "
+                     "c.oid = to_regclass(:t) JOIN pg_namespace s ON s.oid = c.relnamespace "
+                     "WHERE i.indexname = :n AND i.schemaname = s.nspname")
     for table, index in CASE_INDEXES.items():
-        if connection.execute(exists, {"n": index}).first() is not None:
+        if connection.execute(exists, {"n": index, "t": table}).first() is not None:
             continue
         clashes = connection.execute(sa.text(
             f"SELECT lower(name) FROM {table} GROUP BY lower(name) HAVING count(*) > 1")).all()

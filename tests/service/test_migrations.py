@@ -381,3 +381,36 @@ def test_the_case_index_is_looked_for_in_the_databases_own_schema(pg_url, pg_ser
         with admin.begin() as conn:
             conn.execute(sa.text(f"DROP SCHEMA {other} CASCADE"))
         admin.dispose()
+
+
+def test_the_case_index_is_found_beside_its_table_when_the_search_path_has_several_schemas(
+        pg_server):
+    """The breaker: with search_path ``s1, s2`` and the tables made in s2 (s1 did not exist
+    yet), s1 made later became current_schema(); the index, looked for there, was missed,
+    and CREATE INDEX then failed (it exists in s2) at every start."""
+    import uuid
+
+    first, second = (f"p{k}_{uuid.uuid4().hex[:10]}" for k in (1, 2))
+    admin = sa.create_engine(pg_server)
+    sep = "&" if "?" in pg_server else "?"
+    engine = build_engine(f"{pg_server}{sep}options=-csearch_path%3D{first},{second}")
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA {second}"))
+        migrate.prepare(engine, auto=True)  # the tables and indexes go to the second
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA {first}"))
+        engine.dispose()
+        migrate.prepare(engine, auto=False)  # a start: found, nothing made twice
+        with engine.connect() as conn:
+            places = conn.execute(sa.text(
+                "SELECT schemaname, indexname FROM pg_indexes WHERE indexname LIKE "
+                "'ix_hpo_%_name_lower' AND schemaname IN (:a, :b)"),
+                {"a": first, "b": second}).all()
+        assert sorted(places) == sorted((second, i) for i in migrate.CASE_INDEXES.values())
+    finally:
+        engine.dispose()
+        with admin.begin() as conn:
+            for schema in (first, second):
+                conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        admin.dispose()
