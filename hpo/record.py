@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
 STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
+EXPERIMENT_STOPS = ("user", "timeout")  # stopped_by of trials the whole run's stop ended
 MO_RUNGS_ATTR = "mo_rungs"  # the vectors mo-asha recorded at its rungs (hpo.tune.mo_asha)
 
 
@@ -284,11 +285,18 @@ class StudyRecord:
                                          [*kept, [milestone, values]])
 
     def stored_curves(self) -> list[tuple[int, dict[int, float], bool]]:
-        """Each trial's intermediate values (``(number, {step: value}, whether it ended
-        COMPLETE or PRUNED)``, trials with any), from which a new driver's ASHA is refilled
-        (``hpo.tune.schedulers.restore_asha``)."""
-        ended = (TrialState.COMPLETE, TrialState.PRUNED)
-        return [(t.number, dict(t.intermediate_values), t.state in ended)
+        """Each trial's intermediate values (``(number, {step: value}, ended)``, trials with
+        any), from which a new driver's ASHA and median rule are refilled
+        (``hpo.tune.schedulers.restore_asha``). ``ended``: Tune gave its scheduler the
+        trial's end (``on_trial_complete``): COMPLETE, or PRUNED by the scheduler; not a
+        trial ended by the experiment's stop (``stopped_by`` user or timeout: Tune's
+        clean-up stops those without telling the scheduler), FAIL, or still RUNNING."""
+        def ended(t: optuna.trial.FrozenTrial) -> bool:
+            return t.state == TrialState.COMPLETE or (
+                t.state == TrialState.PRUNED
+                and t.user_attrs.get("stopped_by") not in EXPERIMENT_STOPS)
+
+        return [(t.number, dict(t.intermediate_values), ended(t))
                 for t in self.study.get_trials(deepcopy=False) if t.intermediate_values]
 
     def stored_rungs(self) -> list[tuple[int, float, list[float]]]:

@@ -210,3 +210,33 @@ def test_a_trial_a_new_driver_resumes_keeps_its_rung_values_under_its_new_id():
     # its report at 1 again (after its checkpoint): recorded already, not judged again
     assert scheduler.on_trial_result(None, trial, {"step": 1, "val_loss": 3.0}) == \
         TrialScheduler.CONTINUE
+
+
+def test_a_trial_the_whole_runs_stop_ended_is_not_replayed_as_ended(sqlite_url):
+    """The breaker: a timeout (or the user's stop) ends running trials through Tune's
+    clean-up, which never calls the scheduler's on_trial_complete; replayed as ended, the
+    trial's last report also went into a lower rung Ray had left empty."""
+    from hpo.record import StudyRecord
+    from hpo.storage import open_storage
+    from tests.hpo.test_driver import toy_spec
+
+    record = StudyRecord(toy_spec("ended-how"), open_storage(sqlite_url))
+    study = record.study
+    ends = [(TrialState.COMPLETE, None), (TrialState.PRUNED, "asha"),
+            (TrialState.PRUNED, "timeout"), (TrialState.PRUNED, "user"),
+            (TrialState.FAIL, None), (TrialState.RUNNING, None)]
+    for state, stopped_by in ends:
+        trial = study.ask({"quality": optuna.distributions.FloatDistribution(0, 10)})
+        trial.report(1.0, 1)
+        if stopped_by:
+            trial.set_user_attr("stopped_by", stopped_by)
+        if state == TrialState.COMPLETE:
+            study.tell(trial, 1.0)
+        elif state != TrialState.RUNNING:
+            study.tell(trial, state=state)
+    assert [ended for _, _, ended in record.stored_curves()] == [
+        True, True, False, False, False, False]
+    asha = _asha()
+    restore_asha(asha, 6, [(n, {4: 2.0}, ended) for n, _, ended in record.stored_curves()],
+                 -1.0)
+    assert [len(rec) for _, rec in asha_rungs(asha)] == [6, 2, 0]  # rungs 4, 2, 1
