@@ -343,7 +343,8 @@ def mark_best(root: Path, step: int, metric: str, value: float, durable: bool = 
 
 
 def remark_best(root: Path, step: int, metric: str, value: float, *, resumed_at: int,
-                durable: bool = True, keep_last: int | None = None) -> bool:
+                run: dict[str, Any], durable: bool = True,
+                keep_last: int | None = None) -> bool:
     """Mark the checkpoint of ``step`` best again unless ``best.json`` already names it; for
     a run resumed at step ``resumed_at`` whose restored state says ``step`` is its best. A
     process killed between a new best's checkpoint and its ``best.json`` (two writes,
@@ -353,15 +354,28 @@ def remark_best(root: Path, step: int, metric: str, value: float, *, resumed_at:
     older best goes), unless the root holds checkpoints after ``resumed_at``: another
     trajectory's, retired (not pruned) by the run's first write (:func:`publish`).
 
+    Only the run's own checkpoint is marked: its ``meta.json`` must hold ``value`` as
+    ``metric`` (the evaluation that made it the best) and the task and options of ``run``
+    (the resumed run's meta). A run resumed into another run's directory finds that run's
+    checkpoint of the same step there, which is not its best.
+
     Returns:
         Whether ``best.json`` was written (``False``: it named ``step`` already, or the
-        checkpoint of ``step`` is gone).
+        checkpoint of ``step`` is gone or another run's).
 
     Raises:
         CheckpointWriteError: the file system refused.
     """
     path = Path(root) / f"checkpoint-{step:08d}"
     if best_checkpoint(root) == path or not _is_complete(path):
+        return False
+    try:
+        meta = read_json(path / META_FILE)
+        own = (meta["metrics"].get(metric) == value and meta["task"] == run["task"]
+               and meta["options"] == json.loads(json.dumps(run["options"])))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        own = False
+    if not own:
         return False
     mark_best(root, step, metric, value, durable)
     if keep_last is not None and all(s <= resumed_at for s, _ in list_checkpoints(root)):

@@ -443,7 +443,7 @@ class _Loop:
         if (self.eager_checkpoints and run.dist.is_main and state.best_step is not None
                 and state.best_value is not None):
             ckpt.remark_best(run.checkpoint_root, state.best_step, run.early_stopping_metric,
-                             state.best_value, resumed_at=state.step,
+                             state.best_value, resumed_at=state.step, run=self._meta(),
                              durable=run.config.checkpoint_fsync,
                              keep_last=run.config.keep_last_checkpoints)
 

@@ -628,3 +628,28 @@ def test_resuming_an_older_checkpoint_keeps_its_best_when_best_json_named_a_late
                      if p.name.startswith("retired-"))
     assert retired == ["retired-checkpoint-00000006", "retired-checkpoint-00000008",
                        "retired-checkpoint-00000010", "retired-checkpoint-00000012"]
+
+
+def test_a_run_resumed_into_another_runs_directory_never_marks_that_runs_checkpoint(
+        tmp_path):
+    """The breaker: resumed from A's checkpoint into B's directory (``checkpoint_dir`` is a
+    place, a resume may give it anew), the run's best step 2 named B's checkpoint 2 in
+    B/best.json, with A's value: another run's weights, kept as this run's best."""
+    def scripted(values):
+        left = iter(values)
+
+        class Scripted(RegressionTask):
+            def eval_metrics(self, sums):
+                return {"val_loss": next(left)}
+
+        return Scripted(OPTIONS)
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    fit(scripted([5.0, 1.0, 4.0, 3.0]), _config(a, max_updates=4))
+    fit(scripted([6.0, 7.0, 2.0, 8.0, 9.0, 9.5]), _config(b, max_updates=6, lr=0.01))
+    before = json.loads((b / "best.json").read_text())
+    assert before["step"] == 3
+    result = fit(scripted([3.5, 3.2]), _config(b, max_updates=6),
+                 resume_from=a / "checkpoint-00000004")
+    assert (result.best_step, result.best_value) == (2, 1.0)
+    assert json.loads((b / "best.json").read_text()) == before  # not B's step 2
