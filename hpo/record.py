@@ -29,6 +29,7 @@ Ray itself. What it guarantees, each point answering a trap of ray's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -206,6 +207,14 @@ class StudyRecord:
                                                                             trial.number)
             if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
                 continue  # taken by another process
+            # its queued point as its parameters (REST, the dashboard): Optuna keeps them in
+            # the fixed_params system attribute until the trial is asked, never after
+            for name, value in (trial.system_attrs.get("fixed_params") or {}).items():
+                dist = self.distributions.get(name)  # points lie in the space (the spec's
+                if dist is not None:                   # check; a requeued trial's own)
+                    with contextlib.suppress(ValueError):  # a choice gone: left out
+                        self.storage.set_trial_param(trial_id, name,
+                                                     dist.to_internal_repr(value), dist)
             set_trial_user_attrs(self.storage, trial_id,
                                  {"stopped_by": stopped_by, "budget_updates": 0})
             self.study.tell(trial.number, state=TrialState.PRUNED, skip_if_finished=True)

@@ -189,6 +189,8 @@ def test_warm_start_points_not_asked_when_the_rule_fires_end_pruned_not_waiting(
     for t in never:
         assert (t.state, t.user_attrs["budget_updates"], t.intermediate_values) == (
             TrialState.PRUNED, 0, {})
+        k = int(t.user_attrs["warm_start"][len("points["):-1])  # its point, as its params
+        assert t.params == points[k]["params"]
     assert out.counts.complete + out.counts.pruned == 4
     _, again = run(spec, sqlite_url, tmp_path)  # nothing left to end, nothing added
     assert [(t.number, t.state) for t in again] == [(t.number, t.state) for t in trials]
