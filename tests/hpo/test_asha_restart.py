@@ -28,6 +28,25 @@ CURVES = {
 }
 
 
+def run_restarted_after_trial_0(spec, url: str, results_dir) -> list:
+    """Run ``spec``'s study, interrupted (as a killed driver leaves it) once trial 0 has
+    completed, then run it again to its end; its trials as stored."""
+    from hpo.storage import open_storage
+    from hpo.tune.driver import run_study
+
+    storage = open_storage(url)
+
+    def once_trial_0_completed() -> bool:  # the driver is "killed" as trial 1 starts
+        study_id = storage.get_study_id_from_name(spec.name)
+        return any(t.number == 0 and t.state == TrialState.COMPLETE
+                   for t in storage.get_all_trials(study_id, deepcopy=False))
+
+    assert run_study(spec, url, results_dir=results_dir,
+                     should_interrupt=once_trial_0_completed).interrupted
+    run_study(spec, url, results_dir=results_dir)
+    return optuna.load_study(study_name=spec.name, storage=url).get_trials()
+
+
 def _asha() -> AsyncHyperBandScheduler:
     asha = AsyncHyperBandScheduler(time_attr="step", max_t=6, grace_period=1,
                                    reduction_factor=2)
@@ -148,8 +167,6 @@ def test_several_brackets_are_left_empty_saying_why():
     {"name": "median", "grace_period": 3, "min_samples_required": 1}], ids=lambda s: s["name"])
 def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sqlite_url,
                                                                     tmp_path):
-    from hpo.storage import open_storage
-    from hpo.tune.driver import run_study
     from tests.hpo.test_driver import toy_spec
 
     # one trial at a time, val_loss = quality + 1/(k + 1) after k evaluations (every 3
@@ -160,18 +177,7 @@ def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sq
     name = f"{scheduler['name']}-restart"
     spec = toy_spec(name, warm_start=points, config={"sleep_ms": 40}, scheduler=scheduler,
                     budget={"n_trials": 3, "max_concurrent_trials": 1})
-    storage = open_storage(sqlite_url)
-
-    def once_trial_0_completed() -> bool:
-        study_id = storage.get_study_id_from_name(name)
-        return any(t.number == 0 and t.state == TrialState.COMPLETE
-                   for t in storage.get_all_trials(study_id, deepcopy=False))
-
-    first = run_study(spec, sqlite_url, results_dir=tmp_path / "ray",
-                      should_interrupt=once_trial_0_completed)
-    assert first.interrupted
-    run_study(spec, sqlite_url, results_dir=tmp_path / "ray")
-    trials = optuna.load_study(study_name=name, storage=sqlite_url).get_trials()
+    trials = run_restarted_after_trial_0(spec, sqlite_url, tmp_path / "ray")
     ran = {t.params["quality"]: t for t in trials if t.state != TrialState.FAIL}
     assert {q: t.state for q, t in ran.items()} == {
         5.0: TrialState.COMPLETE, 6.0: TrialState.PRUNED, 4.0: TrialState.COMPLETE}

@@ -297,26 +297,14 @@ def test_a_restarted_driver_ranks_against_the_vectors_recorded_before_it(
     dominated by trial 0 at 3 updates, trained to the end). Each recorded vector is kept
     in its trial's ``mo_rungs`` attribute and put back by the next driver: the decisions
     are those of the uninterrupted run above."""
-    from hpo.storage import open_storage as storage_of
-    from hpo.tune.driver import run_study
+    from tests.hpo.test_asha_restart import run_restarted_after_trial_0
 
     points = [{"quality": 5.0, "score": 0.0}, {"quality": 6.0, "score": 0.0},
               {"quality": 7.0, "score": 10.0}]
     spec = _spec("mo-restart", warm_start=[{"params": p} for p in points],
                  config={"max_updates": 12, "max_epochs": None, "eval_interval": 3,
                          "micro_batch_size": 8, "sleep_ms": 40})
-    storage = storage_of(sqlite_url)
-
-    def once_trial_0_completed() -> bool:  # the driver is "killed" as trial 1 starts
-        study_id = storage.get_study_id_from_name("mo-restart")
-        return any(t.number == 0 and t.state == TrialState.COMPLETE
-                   for t in storage.get_all_trials(study_id, deepcopy=False))
-
-    first = run_study(spec, sqlite_url, results_dir=tmp_path / "ray",
-                      should_interrupt=once_trial_0_completed)
-    assert first.interrupted
-    run_study(spec, sqlite_url, results_dir=tmp_path / "ray")
-    trials = optuna.load_study(study_name="mo-restart", storage=sqlite_url).get_trials()
+    trials = run_restarted_after_trial_0(spec, sqlite_url, tmp_path / "ray")
     ran = {t.params["quality"]: t for t in trials if t.state != TrialState.FAIL}
     assert {q: t.state for q, t in ran.items()} == {
         5.0: TrialState.COMPLETE, 6.0: TrialState.PRUNED, 7.0: TrialState.COMPLETE}

@@ -554,6 +554,17 @@ def test_a_step_written_again_with_only_its_places_changed_is_the_same_run(
     assert any(p.name.startswith("retired-") for p in tmp_path.iterdir()) is retired
 
 
+
+def _scripted(values) -> RegressionTask:
+    """toy-regression whose evaluations report ``values`` as val_loss, in order."""
+    left = iter(values)
+
+    class Scripted(RegressionTask):
+        def eval_metrics(self, sums):
+            return {"val_loss": next(left)}
+
+    return Scripted(OPTIONS)
+
 class _Killed(BaseException):
     """A SIGKILL stand-in: nothing in the loop catches it."""
 
@@ -570,13 +581,7 @@ def test_a_kill_between_a_new_best_checkpoint_and_best_json_keeps_the_best_on_re
     from trainers import checkpoint
 
     def scripted(start: int):
-        values_left = iter(values[start:])
-
-        class Scripted(RegressionTask):
-            def eval_metrics(self, sums):
-                return {"val_loss": next(values_left)}
-
-        return Scripted(OPTIONS)
+        return _scripted(values[start:])
 
     config = dict(max_updates=6, keep_last_checkpoints=2)
     whole = tmp_path / "whole"
@@ -606,19 +611,10 @@ def test_resuming_an_older_checkpoint_keeps_its_best_when_best_json_named_a_late
     """The same rule on another path: the abandoned trajectory's best.json named its own
     later best (step 12, retired by the resumed run's first write), so no checkpoint was
     marked and retention pruned the resumed run's best (step 4)."""
-    def scripted(values):
-        left = iter(values)
-
-        class Scripted(RegressionTask):
-            def eval_metrics(self, sums):
-                return {"val_loss": next(left)}
-
-        return Scripted(OPTIONS)
-
     config = _config(tmp_path, max_updates=12, eval_interval=2)
-    fit(scripted([5.0, 1.0, 4.0, 3.0, 2.0, 0.5]), config)
+    fit(_scripted([5.0, 1.0, 4.0, 3.0, 2.0, 0.5]), config)
     assert best_checkpoint(tmp_path).name == "checkpoint-00000012"
-    result = fit(scripted([3.0, 2.0]), config.replace(max_updates=8, lr=0.01,
+    result = fit(_scripted([3.0, 2.0]), config.replace(max_updates=8, lr=0.01,
                                                       keep_last_checkpoints=1),
                  resume_from=tmp_path / "checkpoint-00000004")
     assert (result.best_step, result.best_value) == (4, 1.0)
@@ -635,21 +631,12 @@ def test_a_run_resumed_into_another_runs_directory_never_marks_that_runs_checkpo
     """The breaker: resumed from A's checkpoint into B's directory (``checkpoint_dir`` is a
     place, a resume may give it anew), the run's best step 2 named B's checkpoint 2 in
     B/best.json, with A's value: another run's weights, kept as this run's best."""
-    def scripted(values):
-        left = iter(values)
-
-        class Scripted(RegressionTask):
-            def eval_metrics(self, sums):
-                return {"val_loss": next(left)}
-
-        return Scripted(OPTIONS)
-
     a, b = tmp_path / "a", tmp_path / "b"
-    fit(scripted([5.0, 1.0, 4.0, 3.0]), _config(a, max_updates=4))
-    fit(scripted([6.0, 7.0, 2.0, 8.0, 9.0, 9.5]), _config(b, max_updates=6, lr=0.01))
+    fit(_scripted([5.0, 1.0, 4.0, 3.0]), _config(a, max_updates=4))
+    fit(_scripted([6.0, 7.0, 2.0, 8.0, 9.0, 9.5]), _config(b, max_updates=6, lr=0.01))
     before = json.loads((b / "best.json").read_text())
     assert before["step"] == 3
-    result = fit(scripted([3.5, 3.2]), _config(b, max_updates=6),
+    result = fit(_scripted([3.5, 3.2]), _config(b, max_updates=6),
                  resume_from=a / "checkpoint-00000004")
     assert (result.best_step, result.best_value) == (2, 1.0)
     assert json.loads((b / "best.json").read_text()) == before  # not B's step 2
