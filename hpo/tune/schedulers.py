@@ -6,6 +6,13 @@ Budgets are counted in optimizer updates: every scheduler uses
 each result into the study record exactly once, then the scheduler's decision on
 it; whether a stopped trial counts as PRUNED is decided by the record from what
 it was told (``hpo.record``).
+
+Ray's schedulers keep their state in the driver's memory. A new driver of a study (a
+restart, the service's recovery) refills it from the stored study where the rule can
+be replayed: ASHA's rungs of one bracket (:func:`restore_asha`) and the median rule's
+results with ``hard_stop`` (:func:`restore_median`), from the trials' intermediate
+values; mo-asha's from its ``mo_rungs`` attributes (``hpo.tune.mo_asha``). Hyperband,
+several ASHA brackets and ``hard_stop: false`` start empty.
 """
 
 from __future__ import annotations
