@@ -13,7 +13,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule, TrialScheduler
 
 from hpo.ray_private import asha_rungs, median_results
-from hpo.tune.schedulers import restore_asha, restore_median, restored_key
+from hpo.tune.schedulers import rekey_asha, restore_asha, restore_median, restored_key
 
 # reports (step, val_loss) per trial, in the order they arrive; rungs at 1, 2, 4 (grace 1,
 # reduction factor 2), max_t 6: steps skip rungs, a trial ends at max_t, one has a NaN
@@ -240,9 +240,107 @@ def test_a_trial_the_whole_runs_stop_ended_is_not_replayed_as_ended(sqlite_url):
             study.tell(trial, 1.0)
         elif state != TrialState.RUNNING:
             study.tell(trial, state=state)
+    # (the RUNNING one, without a checkpoint, is left out: it will run again)
     assert [ended for _, _, ended in record.stored_curves()] == [
-        True, True, False, False, False, False]
+        True, True, False, False, False]
     asha = _asha()
     restore_asha(asha, 6, [(n, {4: 2.0}, ended) for n, _, ended in record.stored_curves()],
                  -1.0)
-    assert [len(rec) for _, rec in asha_rungs(asha)] == [6, 2, 0]  # rungs 4, 2, 1
+    assert [len(rec) for _, rec in asha_rungs(asha)] == [5, 2, 0]  # rungs 4, 2, 1
+
+
+def test_requeued_trials_are_left_out_and_resumed_ones_cut_at_their_checkpoint(
+        sqlite_url, tmp_path):
+    """The second breaker's findings. A requeued trial's partial curve stayed in the
+    rungs, so its copy was ranked against its own first run. A trial the new driver
+    resumes from a checkpoint older than its last report was restored up to that report:
+    re-reporting the later steps, Ray found their rungs taken and judged it at a lower,
+    empty rung instead (stopped where the uninterrupted rule let it go on)."""
+    import json
+
+    from hpo.record import StudyRecord
+    from hpo.storage import open_storage
+    from tests.hpo.test_driver import toy_spec
+
+    record = StudyRecord(toy_spec("orphans"), open_storage(sqlite_url))
+    study, dist = record.study, {"quality": optuna.distributions.FloatDistribution(0, 10)}
+    checkpoint = tmp_path / "checkpoint_000000"
+    checkpoint.mkdir()
+    (checkpoint / "meta.json").write_text(json.dumps({"step": 6}))
+    curves = {}
+    for name, attrs in [("requeued", {"requeued": True}), ("resumed", {"checkpoint":
+                        str(checkpoint)}), ("unreadable", {"checkpoint": str(tmp_path)})]:
+        trial = study.ask(dist)
+        for step in (3, 6, 9):
+            trial.report(1.0 + step, step)
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        if name == "requeued":
+            study.tell(trial, state=TrialState.FAIL)
+        curves[name] = trial.number
+    stored = {number: (curve, ended) for number, curve, ended in record.stored_curves()}
+    assert stored == {curves["resumed"]: ({3: 4.0, 6: 7.0}, False)}
+    # mo-asha's vectors: the requeued trial's left out; the resumed one's all kept (it is
+    # judged once per rung, so its reports again past the checkpoint are let on)
+    for number in curves.values():
+        record.storage.set_trial_user_attr(
+            record.storage.get_trial_id_from_study_id_trial_number(record.study_id, number),
+            "mo_rungs", [[3.0, [1.0, 2.0]], [9.0, [3.0, 4.0]]])
+    assert sorted(record.stored_rungs()) == sorted(
+        (n, m, v) for n in (curves["resumed"], curves["unreadable"])
+        for m, v in ((3.0, [1.0, 2.0]), (9.0, [3.0, 4.0])))
+
+
+def test_a_trial_resumed_from_an_older_checkpoint_is_judged_as_the_first_time():
+    """Rungs 1, 2, 4, 8; reports every 3 updates. Uninterrupted, trial 1's report at 9 is
+    judged at rung 8 (its first reach of it). Resumed from its checkpoint at 6, it reports
+    9 again: with the restored entries cut at 6, Ray judges it at rung 8 again."""
+    from hpo.tune.schedulers import RecordingScheduler
+
+    def asha():
+        scheduler = AsyncHyperBandScheduler(time_attr="step", max_t=12, grace_period=1,
+                                            reduction_factor=2)
+        scheduler.set_search_properties("val_loss", "min")
+        return scheduler
+
+    t0, t1 = ({3: 1.5, 6: 1.33, 9: 1.25, 12: 1.2}, {3: 1.5, 6: 1.33, 9: 1.25})
+    whole = asha()
+    trials = [Trial("toy", stub=True, trial_id=f"t{k}") for k in (0, 1)]
+    for trial, curve in zip(trials, (t0, t1), strict=True):
+        trial.set_status(Trial.RUNNING)
+        whole.on_trial_add(None, trial)
+        for step, value in curve.items():
+            decision = whole.on_trial_result(None, trial, {"step": step, "val_loss": value})
+        if trial is trials[0]:
+            whole.on_trial_complete(None, trial, {"step": 12, "val_loss": 1.2})
+    assert decision == TrialScheduler.CONTINUE  # t1 at 9, uninterrupted
+
+    class Record:
+        def knows(self, trial_id):
+            return True
+
+        def rung_key(self, trial_id):
+            return 1
+
+        def result(self, trial_id, result):
+            pass
+
+        def decided(self, trial_id, decision, by):
+            pass
+
+    inner = asha()
+    restore_asha(inner, 12, [(0, t0, True), (1, {3: 1.5, 6: 1.33}, False)], -1.0)
+    resumed = RecordingScheduler(inner, Record(), "asha", removal_stops=True)
+    trial = Trial("toy", stub=True, trial_id="resumed")
+    trial.set_status(Trial.RUNNING)
+    resumed.on_trial_add(None, trial)
+    assert resumed.on_trial_result(None, trial, {"step": 9, "val_loss": 1.25}) == decision
+    assert [sorted(r.values()) for _, r in asha_rungs(inner)] == [
+        sorted(r.values()) for _, r in asha_rungs(whole)]
+    # restored up to its last report instead (before): judged at the empty rung 1, stopped
+    uncut = asha()
+    restore_asha(uncut, 12, [(0, t0, True), (1, t1, False)], -1.0)
+    uncut.on_trial_add(None, trial)
+    rekey_asha(uncut, restored_key(1), "resumed")
+    assert uncut.on_trial_result(None, trial, {"step": 9, "val_loss": 1.25}) == \
+        TrialScheduler.STOP
