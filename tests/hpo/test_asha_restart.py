@@ -273,7 +273,7 @@ def test_requeued_trials_are_left_out_and_resumed_ones_cut_at_their_checkpoint(
         trial = study.ask(dist)
         for step in (3, 6, 9):
             trial.report(1.0 + step, step)
-        for key, value in attrs.items():
+        for key, value in {**attrs, "mo_rungs": [[3.0, [1.0, 2.0]], [9.0, [3.0, 4.0]]]}.items():
             trial.set_user_attr(key, value)
         if name == "requeued":
             study.tell(trial, state=TrialState.FAIL)
@@ -282,10 +282,6 @@ def test_requeued_trials_are_left_out_and_resumed_ones_cut_at_their_checkpoint(
     assert stored == {curves["resumed"]: ({3: 4.0, 6: 7.0}, False)}
     # mo-asha's vectors: the requeued trial's left out; the resumed one's all kept (it is
     # judged once per rung, so its reports again past the checkpoint are let on)
-    for number in curves.values():
-        record.storage.set_trial_user_attr(
-            record.storage.get_trial_id_from_study_id_trial_number(record.study_id, number),
-            "mo_rungs", [[3.0, [1.0, 2.0]], [9.0, [3.0, 4.0]]])
     assert sorted(record.stored_rungs()) == sorted(
         (n, m, v) for n in (curves["resumed"], curves["unreadable"])
         for m, v in ((3.0, [1.0, 2.0]), (9.0, [3.0, 4.0])))
