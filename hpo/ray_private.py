@@ -103,7 +103,7 @@ def asha_rungs(scheduler: AsyncHyperBandScheduler) -> list[tuple[float, dict]]:
     """The rungs of a one-bracket ASHA, highest first: ``(milestone, {trial id: signed
     value})``, the very dicts its decisions read and write. Ray keeps them private
     (``_Bracket._rungs``) and has no way to fill them, so a new driver's ASHA started
-    with empty rungs (``hpo.tune.schedulers.restore_asha`` fills them from the study).
+    with empty rungs (``hpo.tune.restore.restore_asha`` fills them from the study).
 
     Raises:
         ValueError: the scheduler has more than one bracket (which bracket a trial was
@@ -118,7 +118,7 @@ def median_results(scheduler: MedianStoppingRule) -> dict:
     """The results the median stopping rule ranks against: trial -> its results in order
     (``{time_attr: ..., metric: ...}`` dicts), the very dict its decisions read. Private
     in Ray (``_results``), with no way to fill it: a new driver's rule started empty
-    (``hpo.tune.schedulers.restore_median`` fills it from the study)."""
+    (``hpo.tune.restore.restore_median`` fills it from the study)."""
     return scheduler._results
 
 

@@ -34,7 +34,6 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -60,7 +59,6 @@ log = logging.getLogger(__name__)
 TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
 STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
-EXPERIMENT_STOPS = ("user", "timeout")  # stopped_by of trials the whole run's stop ended
 MO_RUNGS_ATTR = "mo_rungs"  # the vectors mo-asha recorded at its rungs (hpo.tune.mo_asha)
 
 
@@ -294,54 +292,6 @@ class StudyRecord:
         self.storage.set_trial_user_attr(trial_id, MO_RUNGS_ATTR,
                                          [*kept, [milestone, values]])
 
-    def stored_curves(self) -> list[tuple[int, dict[int, float], bool]]:
-        """Each trial's intermediate values (``(number, {step: value}, ended)``, trials with
-        any), from which a new driver's ASHA and median rule are refilled
-        (``hpo.tune.schedulers.restore_asha``). ``ended``: Tune gave its scheduler the
-        trial's end (``on_trial_complete``): COMPLETE, or PRUNED by the scheduler; not a
-        trial ended by the experiment's stop (``stopped_by`` user or timeout: Tune's
-        clean-up stops those without telling the scheduler), FAIL, or still RUNNING.
-
-        Called after the orphans are settled (``hpo.tune.driver.plan_trials``). Left out:
-        a requeued trial (its parameters run again as a new trial, which the rungs meet
-        as such). A trial still RUNNING, which this driver resumes from its checkpoint,
-        keeps only its values up to the checkpoint's step: it reports the later steps
-        again and is judged on them anew (kept, Ray judged them at a lower rung).
-        """
-        def ended(t: optuna.trial.FrozenTrial) -> bool:
-            return t.state == TrialState.COMPLETE or (
-                t.state == TrialState.PRUNED
-                and t.user_attrs.get("stopped_by") not in EXPERIMENT_STOPS)
-
-        out = []
-        for t in self.study.get_trials(deepcopy=False):
-            if not t.intermediate_values or t.user_attrs.get("requeued"):
-                continue
-            curve = dict(t.intermediate_values)
-            if t.state == TrialState.RUNNING:
-                resumed_at = checkpoint_step(t.user_attrs.get("checkpoint"))
-                if resumed_at is None:
-                    continue
-                curve = {step: v for step, v in curve.items() if step <= resumed_at}
-            out.append((t.number, curve, ended(t)))
-        return out
-
-    def stored_rungs(self) -> list[tuple[int, float, list[float]]]:
-        """Every vector kept by :meth:`rung_recorded`, as ``(number, milestone, values)``
-        (a trial's malformed attribute is skipped; a requeued trial's are left out). A
-        resumed trial keeps its vectors past its checkpoint: mo-asha judges a trial once
-        at the highest rung a report reaches, so its reports again are let on, as they
-        were."""
-        out = []
-        for trial in self.study.get_trials(deepcopy=False):
-            if trial.user_attrs.get("requeued"):  # runs again as a new trial
-                continue
-            for entry in trial.user_attrs.get(MO_RUNGS_ATTR) or []:
-                if isinstance(entry, list) and len(entry) == 2 and isinstance(
-                        entry[0], (int, float)) and isinstance(entry[1], list):
-                    out.append((trial.number, float(entry[0]), entry[1]))
-        return out
-
     def started(self, ray_trial_id: str) -> None:
         """A Ray trial (re)started running: wall time counts from now, unless it counts
         already (from its ``ask`` or ``adopt``: a trial stopped while its worker started,
@@ -518,17 +468,3 @@ class StudyRecord:
                       pruned=states.count(TrialState.PRUNED),
                       failed=states.count(TrialState.FAIL) - requeued,
                       running=states.count(TrialState.RUNNING), requeued=requeued)
-
-
-def checkpoint_step(path: str | None) -> int | None:
-    """The optimizer step of the trial checkpoint at ``path`` (its ``meta.json``, as
-    ``trainers`` writes it), or ``None`` when there is none to read."""
-    if not path:
-        return None
-    from trainers.checkpoint import META_FILE  # torch: only where a driver restores
-    from trainers.data import read_json
-
-    try:
-        return int(read_json(Path(path) / META_FILE)["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

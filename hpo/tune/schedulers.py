@@ -7,18 +7,11 @@ each result into the study record exactly once, then the scheduler's decision on
 it; whether a stopped trial counts as PRUNED is decided by the record from what
 it was told (``hpo.record``).
 
-Ray's schedulers keep their state in the driver's memory. A new driver of a study (a
-restart, the service's recovery) refills it from the stored study where the rule can
-be replayed: ASHA's rungs of one bracket (:func:`restore_asha`) and the median rule's
-results with ``hard_stop`` (:func:`restore_median`), from the trials' intermediate
-values; mo-asha's from its ``mo_rungs`` attributes (``hpo.tune.mo_asha``). Hyperband,
-several ASHA brackets and ``hard_stop: false`` start empty.
+A new driver of a study refills the scheduler's state from the stored study where it
+can (``hpo.tune.restore``).
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterable, Mapping
 
 from ray.tune.schedulers import (
     AsyncHyperBandScheduler,
@@ -27,11 +20,20 @@ from ray.tune.schedulers import (
     TrialScheduler,
 )
 
-from hpo.ray_private import HyperBand, asha_rungs, median_results
+from hpo.ray_private import HyperBand
 from hpo.record import StudyRecord
 from hpo.space import build_pruner
 from hpo.spec import StudySpec
 from hpo.tune.mo_asha import MultiObjectiveASHA
+from hpo.tune.restore import (
+    rekey_asha,
+    rekey_median,
+    restore_asha,
+    restore_median,
+    restored_key,
+    stored_curves,
+    stored_rungs,
+)
 
 TIME_ATTR = "step"
 
@@ -79,8 +81,8 @@ class RecordingScheduler(TrialScheduler):
             old = restored_key(self.record.rung_key(trial.trial_id))  # keeps its past
             if isinstance(self.inner, AsyncHyperBandScheduler):
                 rekey_asha(self.inner, old, trial.trial_id)
-            elif old in (results := median_results(self.inner)):
-                results[trial] = results.pop(old)
+            else:
+                rekey_median(self.inner, old, trial)
 
     def on_trial_result(self, tune_controller, trial, result) -> str:
         known = self.record.knows(trial.trial_id)
@@ -154,7 +156,7 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             brackets=s.brackets)
         if record is not None and s.brackets == 1:  # a restarted driver's rungs
             maximize = spec.objectives[0].direction == "maximize"
-            restore_asha(inner, s.max_t or planned_updates, record.stored_curves(),
+            restore_asha(inner, s.max_t or planned_updates, stored_curves(record),
                          1.0 if maximize else -1.0)
     elif s.name == "mo-asha":
         inner = MultiObjectiveASHA(
@@ -163,7 +165,7 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             reduction_factor=s.reduction_factor,
             key=record.rung_key if record is not None else None)
         if record is not None:  # a restarted driver ranks against the earlier vectors
-            inner.rungs.restore(record.stored_rungs())
+            inner.rungs.restore(stored_rungs(record))
             inner.rungs.on_record = record.rung_recorded
     elif s.name == "hyperband":
         inner = HyperBand(time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
@@ -174,7 +176,8 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             min_samples_required=s.min_samples_required, min_time_slice=s.min_time_slice,
             hard_stop=s.hard_stop)
         if record is not None and s.hard_stop:  # a restarted driver's running means
-            restore_median(inner, spec.objectives[0].metric, record.stored_curves())
+            restore_median(inner, TIME_ATTR, spec.objectives[0].metric,
+                           stored_curves(record))
     elif s.name == "optuna-pruner":
         return RecordingScheduler(OptunaPrunerScheduler(record, build_pruner(s.pruner)),
                                   record, f"optuna-{s.pruner.name}")
@@ -183,78 +186,3 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
     else:
         raise ValueError(f"scheduler {s.name!r} is not run by build_scheduler")
     return RecordingScheduler(inner, record, s.name, removal_stops=True)
-
-
-def restored_key(number: int | str) -> str:
-    """The rung key of a trial a previous driver ran (Optuna trial ``number``), until a
-    Tune trial resuming it takes it over (:func:`rekey_asha`)."""
-    return f"optuna-trial-{number}"
-
-
-def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
-                 curves: Iterable[tuple[int, Mapping[int, float], bool]], sign: float) -> int:
-    """Fill a new driver's one-bracket ASHA with what the study's earlier drivers recorded
-    at its rungs, from each trial's intermediate values (``curves``: Optuna number,
-    ``{step: value}``, whether the trial ended COMPLETE or PRUNED; ``sign`` +1 maximizing,
-    -1 minimizing, as Ray's ``metric_op``).
-
-    Each trial's reports are replayed through Ray's rule (``_Bracket.on_result``): at a
-    report, the highest rung at or below its step where the trial is not recorded yet
-    takes its value (a report at or past ``max_t`` is not judged), and an ended trial's
-    last report is replayed once more, as Ray's ``on_trial_complete`` does (it may then
-    be recorded at a lower rung too). What a trial recorded depends on its own reports
-    alone, and a decision reads the whole rung, so their order does not matter. Before,
-    a new driver (a restart, the service's recovery) started with empty rungs: its first
-    trial at each rung went on whatever it scored. Returns the values put back.
-    """
-    rungs = asha_rungs(scheduler)
-    restored = 0
-
-    def replay(key: str, step: int, value: float) -> None:
-        nonlocal restored
-        for milestone, recorded in rungs:
-            if step < milestone or key in recorded:
-                continue
-            recorded[key] = sign * value
-            restored += 1
-            return
-
-    for number, curve, ended in curves:
-        key, steps = restored_key(number), sorted(curve)
-        for step in steps:
-            if step < max_t:
-                replay(key, step, curve[step])
-        if ended and steps:
-            replay(key, steps[-1], curve[steps[-1]])
-    return restored
-
-
-def restore_median(scheduler: MedianStoppingRule, metric: str,
-                   curves: Iterable[tuple[int, Mapping[int, float], bool]]) -> int:
-    """Fill a new driver's median stopping rule (``hard_stop``) with the study's earlier
-    results, from each trial's intermediate values (``curves`` as :func:`restore_asha`
-    takes them): every report in order, as Ray's ``on_trial_result`` appends them, and an
-    ended trial's last one once more, as its ``on_trial_complete`` does. Before, a new
-    driver's rule had no other trial's running mean: every trial went on until
-    ``min_samples_required`` trials of its own run had reported. With ``hard_stop: false``
-    a stopped trial's later reports are left out by Ray, and which reports those were is
-    not stored: that rule starts empty. Returns the trials put back."""
-    results = median_results(scheduler)
-    restored = 0
-    for number, curve, ended in curves:
-        steps = sorted(curve)
-        if not steps:
-            continue
-        reports = [{TIME_ATTR: step, metric: curve[step]} for step in steps]
-        results[restored_key(number)] = [*reports, dict(reports[-1])] if ended else reports
-        restored += 1
-    return restored
-
-
-def rekey_asha(scheduler: AsyncHyperBandScheduler, old: str, new: str) -> None:
-    """Give the values ``old`` recorded at an ASHA's rungs to ``new`` (a trial resumed by a
-    new driver: judged again at a rung it passed, it could be stopped there)."""
-    with contextlib.suppress(ValueError):  # several brackets: nothing was restored
-        for _, recorded in asha_rungs(scheduler):
-            if old in recorded:
-                recorded[new] = recorded.pop(old)

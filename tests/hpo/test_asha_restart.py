@@ -13,7 +13,14 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule, TrialScheduler
 
 from hpo.ray_private import asha_rungs, median_results
-from hpo.tune.schedulers import rekey_asha, restore_asha, restore_median, restored_key
+from hpo.tune.restore import (
+    rekey_asha,
+    restore_asha,
+    restore_median,
+    restored_key,
+    stored_curves,
+    stored_rungs,
+)
 
 # reports (step, val_loss) per trial, in the order they arrive; rungs at 1, 2, 4 (grace 1,
 # reduction factor 2), max_t 6: steps skip rungs, a trial ends at max_t, one has a NaN
@@ -135,7 +142,7 @@ def test_the_restored_median_rule_has_the_results_and_decisions_of_the_uninterru
                 break
         rule.on_trial_complete(None, trials[n], result)
     restored = _median()
-    assert restore_median(restored, "val_loss",
+    assert restore_median(restored, "step", "val_loss",
                           [(n, v, True) for n, v in stored.items()]) == len(CURVES)
     original = median_results(rule)
     assert {restored_key(int(t.trial_id[1:])): v for t, v in original.items()}.keys() == \
@@ -241,10 +248,10 @@ def test_a_trial_the_whole_runs_stop_ended_is_not_replayed_as_ended(sqlite_url):
         elif state != TrialState.RUNNING:
             study.tell(trial, state=state)
     # (the RUNNING one, without a checkpoint, is left out: it will run again)
-    assert [ended for _, _, ended in record.stored_curves()] == [
+    assert [ended for _, _, ended in stored_curves(record)] == [
         True, True, False, False, False]
     asha = _asha()
-    restore_asha(asha, 6, [(n, {4: 2.0}, ended) for n, _, ended in record.stored_curves()],
+    restore_asha(asha, 6, [(n, {4: 2.0}, ended) for n, _, ended in stored_curves(record)],
                  -1.0)
     assert [len(rec) for _, rec in asha_rungs(asha)] == [5, 2, 0]  # rungs 4, 2, 1
 
@@ -278,11 +285,11 @@ def test_requeued_trials_are_left_out_and_resumed_ones_cut_at_their_checkpoint(
         if name == "requeued":
             study.tell(trial, state=TrialState.FAIL)
         curves[name] = trial.number
-    stored = {number: (curve, ended) for number, curve, ended in record.stored_curves()}
+    stored = {number: (curve, ended) for number, curve, ended in stored_curves(record)}
     assert stored == {curves["resumed"]: ({3: 4.0, 6: 7.0}, False)}
     # mo-asha's vectors: the requeued trial's left out; the resumed one's all kept (it is
     # judged once per rung, so its reports again past the checkpoint are let on)
-    assert sorted(record.stored_rungs()) == sorted(
+    assert sorted(stored_rungs(record)) == sorted(
         (n, m, v) for n in (curves["resumed"], curves["unreadable"])
         for m, v in ((3.0, [1.0, 2.0]), (9.0, [3.0, 4.0])))
 

@@ -177,20 +177,19 @@ def test_warm_start_points_not_asked_when_the_rule_fires_end_pruned_not_waiting(
                     budget={"n_trials": 10, "max_concurrent_trials": concurrency,
                             "stop_when": {"target": 1.0}})
     out, trials = run(spec, sqlite_url, tmp_path)
-    assert out.stop_reason.startswith("stop_when.target: trial 0's val_loss 0.7 reached")
-    assert trials[0].state == TrialState.COMPLETE and trials[0].value == pytest.approx(0.7)
-    ran = [t for t in trials[1:] if t.datetime_start is not None
-           and t.user_attrs.get("stopped_by") != "stop_when"]
-    never = [t for t in trials[1:] if t.user_attrs.get("stopped_by") == "stop_when"]
-    assert len(trials) == 4 and len(ran) + len(never) == 3  # no fifth trial, none WAITING
-    assert len(never) == 3 if concurrency == 1 else len(never) >= 1
-    assert [t.user_attrs["warm_start"] for t in trials] == [
-        f"points[{i}]" for i in range(4)]
+    assert out.stop_reason is not None and out.stop_reason.startswith("stop_when.target: ")
+    assert not [t.number for t in trials if t.state in (TrialState.WAITING,
+                                                         TrialState.RUNNING)]
+    never = [t for t in trials if t.user_attrs.get("stopped_by") == "stop_when"]
     for t in never:
         assert (t.state, t.user_attrs["budget_updates"], t.intermediate_values) == (
             TrialState.PRUNED, 0, {})
         k = int(t.user_attrs["warm_start"][len("points["):-1])  # its point, as its params
         assert t.params == points[k]["params"]
-    assert out.counts.complete + out.counts.pruned == 4
+    if concurrency == 1:  # in order: point 0 reaches it, the three others never start
+        assert out.stop_reason.startswith("stop_when.target: trial 0's val_loss 0.7 reached")
+        assert [t.number for t in never] == [1, 2, 3] and len(trials) == 4
+        assert out.counts.complete + out.counts.pruned == 4
+    # (two at a time, how many points started before point 0 ended depends on timing)
     _, again = run(spec, sqlite_url, tmp_path)  # nothing left to end, nothing added
     assert [(t.number, t.state) for t in again] == [(t.number, t.state) for t in trials]

@@ -1,0 +1,173 @@
+"""What a new driver of a study restores of its scheduler (a restart of ``hpo run``, the
+service's recovery after a kill): Ray's schedulers, and mo-asha, keep their state in the
+driver's memory, so a new driver's first trial at each rung went on whatever it scored.
+
+Refilled from the stored study where the rule can be replayed: ASHA's rungs of one bracket
+(:func:`restore_asha`) and the median rule's results with ``hard_stop``
+(:func:`restore_median`), from the trials' intermediate values (:func:`stored_curves`);
+mo-asha's from each trial's ``mo_rungs`` attribute (:func:`stored_rungs`,
+``hpo.tune.mo_asha.MoRungs.restore``). Hyperband, several ASHA brackets and
+``hard_stop: false`` start empty. Ray's private state is reached through
+``hpo.ray_private`` (``asha_rungs``, ``median_results``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
+
+from hpo.ray_private import asha_rungs, median_results
+from hpo.record import MO_RUNGS_ATTR, StudyRecord
+
+EXPERIMENT_STOPS = ("user", "timeout")  # stopped_by of trials the whole run's stop ended
+
+
+def stored_curves(record: StudyRecord) -> list[tuple[int, dict[int, float], bool]]:
+    """Each trial's intermediate values (``(number, {step: value}, ended)``, trials with
+    any), from which a new driver's ASHA and median rule are refilled
+    (:func:`restore_asha`). ``ended``: Tune gave its scheduler the
+    trial's end (``on_trial_complete``): COMPLETE, or PRUNED by the scheduler; not a
+    trial ended by the experiment's stop (``stopped_by`` user or timeout: Tune's
+    clean-up stops those without telling the scheduler), FAIL, or still RUNNING.
+
+    Called after the orphans are settled (``hpo.tune.driver.plan_trials``). Left out:
+    a requeued trial (its parameters run again as a new trial, which the rungs meet
+    as such). A trial still RUNNING, which this driver resumes from its checkpoint,
+    keeps only its values up to the checkpoint's step: it reports the later steps
+    again and is judged on them anew (kept, Ray judged them at a lower rung).
+    """
+    def ended(t: optuna.trial.FrozenTrial) -> bool:
+        return t.state == TrialState.COMPLETE or (
+            t.state == TrialState.PRUNED
+            and t.user_attrs.get("stopped_by") not in EXPERIMENT_STOPS)
+
+    out = []
+    for t in record.study.get_trials(deepcopy=False):
+        if not t.intermediate_values or t.user_attrs.get("requeued"):
+            continue
+        curve = dict(t.intermediate_values)
+        if t.state == TrialState.RUNNING:
+            resumed_at = checkpoint_step(t.user_attrs.get("checkpoint"))
+            if resumed_at is None:
+                continue
+            curve = {step: v for step, v in curve.items() if step <= resumed_at}
+        out.append((t.number, curve, ended(t)))
+    return out
+
+
+def stored_rungs(record: StudyRecord) -> list[tuple[int, float, list[float]]]:
+    """Every vector kept by ``StudyRecord.rung_recorded``, as ``(number, milestone, values)``
+    (a trial's malformed attribute is skipped; a requeued trial's are left out). A
+    resumed trial keeps its vectors past its checkpoint: mo-asha judges a trial once
+    at the highest rung a report reaches, so its reports again are let on, as they
+    were."""
+    out = []
+    for trial in record.study.get_trials(deepcopy=False):
+        if trial.user_attrs.get("requeued"):  # runs again as a new trial
+            continue
+        for entry in trial.user_attrs.get(MO_RUNGS_ATTR) or []:
+            if isinstance(entry, list) and len(entry) == 2 and isinstance(
+                    entry[0], (int, float)) and isinstance(entry[1], list):
+                out.append((trial.number, float(entry[0]), entry[1]))
+    return out
+
+
+def checkpoint_step(path: str | None) -> int | None:
+    """The optimizer step of the trial checkpoint at ``path`` (its ``meta.json``, as
+    ``trainers`` writes it), or ``None`` when there is none to read."""
+    if not path:
+        return None
+    from trainers.checkpoint import META_FILE  # torch: only where a driver restores
+    from trainers.data import read_json
+
+    try:
+        return int(read_json(Path(path) / META_FILE)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def restored_key(number: int | str) -> str:
+    """The rung key of a trial a previous driver ran (Optuna trial ``number``), until a
+    Tune trial resuming it takes it over (:func:`rekey_asha`)."""
+    return f"optuna-trial-{number}"
+
+
+def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
+                 curves: Iterable[tuple[int, Mapping[int, float], bool]], sign: float) -> int:
+    """Fill a new driver's one-bracket ASHA with what the study's earlier drivers recorded
+    at its rungs, from each trial's intermediate values (``curves``: Optuna number,
+    ``{step: value}``, whether the trial ended COMPLETE or PRUNED; ``sign`` +1 maximizing,
+    -1 minimizing, as Ray's ``metric_op``).
+
+    Each trial's reports are replayed through Ray's rule (``_Bracket.on_result``): at a
+    report, the highest rung at or below its step where the trial is not recorded yet
+    takes its value (a report at or past ``max_t`` is not judged), and an ended trial's
+    last report is replayed once more, as Ray's ``on_trial_complete`` does (it may then
+    be recorded at a lower rung too). What a trial recorded depends on its own reports
+    alone, and a decision reads the whole rung, so their order does not matter. Before,
+    a new driver (a restart, the service's recovery) started with empty rungs: its first
+    trial at each rung went on whatever it scored. Returns the values put back.
+    """
+    rungs = asha_rungs(scheduler)
+    restored = 0
+
+    def replay(key: str, step: int, value: float) -> None:
+        nonlocal restored
+        for milestone, recorded in rungs:
+            if step < milestone or key in recorded:
+                continue
+            recorded[key] = sign * value
+            restored += 1
+            return
+
+    for number, curve, ended in curves:
+        key, steps = restored_key(number), sorted(curve)
+        for step in steps:
+            if step < max_t:
+                replay(key, step, curve[step])
+        if ended and steps:
+            replay(key, steps[-1], curve[steps[-1]])
+    return restored
+
+
+def restore_median(scheduler: MedianStoppingRule, time_attr: str, metric: str,
+                   curves: Iterable[tuple[int, Mapping[int, float], bool]]) -> int:
+    """Fill a new driver's median stopping rule (``hard_stop``) with the study's earlier
+    results, from each trial's intermediate values (``curves`` as :func:`restore_asha`
+    takes them): every report in order, as Ray's ``on_trial_result`` appends them, and an
+    ended trial's last one once more, as its ``on_trial_complete`` does. Before, a new
+    driver's rule had no other trial's running mean: every trial went on until
+    ``min_samples_required`` trials of its own run had reported. With ``hard_stop: false``
+    a stopped trial's later reports are left out by Ray, and which reports those were is
+    not stored: that rule starts empty. Returns the trials put back."""
+    results = median_results(scheduler)
+    restored = 0
+    for number, curve, ended in curves:
+        steps = sorted(curve)
+        if not steps:
+            continue
+        reports = [{time_attr: step, metric: curve[step]} for step in steps]
+        results[restored_key(number)] = [*reports, dict(reports[-1])] if ended else reports
+        restored += 1
+    return restored
+
+
+def rekey_asha(scheduler: AsyncHyperBandScheduler, old: str, new: str) -> None:
+    """Give the values ``old`` recorded at an ASHA's rungs to ``new`` (a trial resumed by a
+    new driver: judged again at a rung it passed, it could be stopped there)."""
+    with contextlib.suppress(ValueError):  # several brackets: nothing was restored
+        for _, recorded in asha_rungs(scheduler):
+            if old in recorded:
+                recorded[new] = recorded.pop(old)
+
+
+def rekey_median(scheduler: MedianStoppingRule, old: str, trial) -> None:
+    """Give the results ``old`` had in a median rule to the Tune ``trial`` resuming it."""
+    results = median_results(scheduler)
+    if old in results:
+        results[trial] = results.pop(old)
