@@ -156,7 +156,7 @@ def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
     rungs: dict[int, dict[int, float]] = {m: {} for m in RUNGS}
     running: list[RunningTrial] = []
     sign = -1.0 if args.metric in MINIMIZED else 1.0  # the study maximizes sign * metric
-    target = sign * (args.target if args.target is not None else ttt.TARGET_ACCURACY)
+    target = sign * args.target
     started = epochs = 0
 
     def start() -> None:
@@ -206,6 +206,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=ttt.EPOCHS)
     parser.add_argument("--val-fraction", type=float, default=ttt.VAL_FRACTION)
     args = parser.parse_args()
+    if args.target is None and args.metric != "val_accuracy":
+        parser.error(f"--metric {args.metric} needs its --target")
+    args.target = ttt.TARGET_ACCURACY if args.target is None else args.target
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     torch.set_num_threads(1)
     results = []

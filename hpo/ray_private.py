@@ -25,10 +25,15 @@ from ray.tune.schedulers import (
 )
 
 from hpo.pinned import require
+from hpo.workers import RAY_MAX_RESOURCE_QUANTITY
 
 RAY_VERSION = "2.60.0"
 
 require("Ray", ray.__version__, RAY_VERSION, __name__)
+# hpo.workers' copy of the bound ``ray start --resources`` takes (it imports no Ray)
+if ray._private.ray_constants.MAX_RESOURCE_QUANTITY != RAY_MAX_RESOURCE_QUANTITY:
+    raise ImportError(f"hpo.workers.RAY_MAX_RESOURCE_QUANTITY is {RAY_MAX_RESOURCE_QUANTITY}, "
+                      f"Ray's is {ray._private.ray_constants.MAX_RESOURCE_QUANTITY}")
 
 
 def ray_connection_alive(timeout_s: float = 5.0) -> bool:

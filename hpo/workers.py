@@ -15,7 +15,9 @@ from hpo.errors import printable
 from hpo.spec import BUILTIN_RESOURCES, RESOURCE_PATTERN
 
 DEFAULT_GCS_PORT = 6379
-RAY_MAX_RESOURCE_QUANTITY = 100e12  # ray._private.ray_constants.MAX_RESOURCE_QUANTITY
+# Ray's largest resource quantity: kept here (a module the API process imports without
+# Ray), checked against Ray's own at import by hpo.ray_private
+RAY_MAX_RESOURCE_QUANTITY = 100e12
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}")  # not starting with -
 _PORT = re.compile(r"[0-9]{1,5}")
 _BRACKETED = re.compile(r"\[([^\]]*)\](?::(.*))?", re.DOTALL)  # [IPv6] or [IPv6]:PORT

@@ -23,6 +23,8 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
 
 from hpo.ray_private import asha_rungs, median_results
 from hpo.record import MO_RUNGS_ATTR, StudyRecord
+from trainers.checkpoint import META_FILE
+from trainers.data import read_json
 
 EXPERIMENT_STOPS = ("user", "timeout")  # stopped_by of trials the whole run's stop ended
 
@@ -82,9 +84,6 @@ def checkpoint_step(path: str | None) -> int | None:
     ``trainers`` writes it), or ``None`` when there is none to read."""
     if not path:
         return None
-    from trainers.checkpoint import META_FILE  # torch: only where a driver restores
-    from trainers.data import read_json
-
     try:
         return int(read_json(Path(path) / META_FILE)["step"])
     except (OSError, ValueError, KeyError, TypeError):
