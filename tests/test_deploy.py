@@ -23,6 +23,8 @@ from service.routers.health import router as health_router
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
+# read by libpq (psycopg) itself: https://www.postgresql.org/docs/current/libpq-envars.html
+LIBPQ_VARIABLES = {"PGPASSWORD"}
 _INTERPOLATION = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
 
 
@@ -134,6 +136,8 @@ def test_every_variable_is_read_by_the_project_or_ray(compose):
         for var in env:
             if var.startswith("HPO_"):
                 assert f'"{var}"' in settings_source, f"{name}: {var} is not a setting"
+            elif var in LIBPQ_VARIABLES:
+                continue
             else:
                 assert var.startswith("RAY_"), f"{name}: {var} is neither HPO_ nor RAY_"
                 assert any(var in p.read_text(errors="ignore")
@@ -147,7 +151,14 @@ def test_every_variable_is_read_by_the_project_or_ray(compose):
         db_env = compose["services"]["postgres"]["environment"]
         assert url.hostname == "postgres" and url.port == 5432
         assert url.username == db_env["POSTGRES_USER"]
-        assert url.password == _interpolate(db_env["POSTGRES_PASSWORD"], {})
+        # the password reaches libpq as PGPASSWORD: compose cannot URL-encode it
+        assert url.password is None
+        assert _interpolate(env["PGPASSWORD"], {}) == _interpolate(
+            db_env["POSTGRES_PASSWORD"], {})
+        raw = compose["services"][name]["environment"]["PGPASSWORD"]
+        assert _interpolate(raw, {"POSTGRES_PASSWORD": "p@ss%25/w:rd"}) == "p@ss%25/w:rd"
+        assert Settings.from_env({**env, "PGPASSWORD": "p@ss%25/w:rd"}).database_url == \
+            settings.database_url
         assert url.path == "/" + db_env["POSTGRES_DB"]
         assert url.scheme == "postgresql+psycopg"
 
@@ -197,3 +208,20 @@ def test_images_build_from_the_dockerfile_with_its_arguments(compose, dockerfile
         in dockerfile
     cmd = re.search(r"^CMD (.+)$", dockerfile, re.MULTILINE).group(1)
     assert yaml.safe_load(cmd)[:2] == ["hpo", "serve"]
+
+
+def test_a_password_with_any_character_reaches_postgresql_as_pgpassword(pg_url, monkeypatch):
+    """What compose relies on: libpq takes the password from ``PGPASSWORD`` when the URL has
+    none, '@', '%', '/' and ':' included (in a URL they must be escaped)."""
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    password = "p@ss%25/w:rd#?"
+    monkeypatch.setenv("PGPASSWORD", password)
+    url = make_url(pg_url).set(password=None)
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.connection.driver_connection.info.password == password
+    finally:
+        engine.dispose()
