@@ -209,19 +209,3 @@ def test_images_build_from_the_dockerfile_with_its_arguments(compose, dockerfile
     cmd = re.search(r"^CMD (.+)$", dockerfile, re.MULTILINE).group(1)
     assert yaml.safe_load(cmd)[:2] == ["hpo", "serve"]
 
-
-def test_a_password_with_any_character_reaches_postgresql_as_pgpassword(pg_url, monkeypatch):
-    """What compose relies on: libpq takes the password from ``PGPASSWORD`` when the URL has
-    none, '@', '%', '/' and ':' included (in a URL they must be escaped)."""
-    import sqlalchemy
-    from sqlalchemy.engine import make_url
-
-    password = "p@ss%25/w:rd#?"
-    monkeypatch.setenv("PGPASSWORD", password)
-    url = make_url(pg_url).set(password=None)
-    engine = sqlalchemy.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            assert conn.connection.driver_connection.info.password == password
-    finally:
-        engine.dispose()
