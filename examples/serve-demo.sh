@@ -22,6 +22,12 @@ if [ -z "$KEEP" ]; then
 fi
 MIN_ACCURACY=${DEMO_MIN_ACCURACY:-0.97}
 
+# checked before the last demo's folder is wiped: a refused demo leaves it as it was
+if "$BIN/python" -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' \
+        "$PORT" 2>/dev/null; then
+    echo "port $PORT is taken (another server?); set DEMO_PORT" >&2
+    exit 1
+fi
 rm -rf "$DIR"
 mkdir -p "$DIR"
 export HPO_DATABASE_URL="sqlite:///$DIR/hpo.db" HPO_RESULTS_DIR="$DIR/results"
@@ -33,11 +39,6 @@ ready() {
     "$BIN/python" -c 'import sys, httpx
 sys.exit(httpx.get(sys.argv[1] + "/readyz", timeout=2).status_code != 200)' "$HPO_URL" 2>/dev/null
 }
-if "$BIN/python" -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' \
-        "$PORT" 2>/dev/null; then
-    echo "port $PORT is taken (another server?); set DEMO_PORT" >&2
-    exit 1
-fi
 
 echo "== starting hpo serve on $HPO_URL (log: $DIR/serve.log)"
 "$BIN/hpo" serve >"$DIR/serve.log" 2>&1 &

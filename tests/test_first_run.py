@@ -80,6 +80,24 @@ def test_off_a_terminal_the_demo_stops_and_says_how_to_keep_it(tmp_path):
     assert "== server stopped cleanly" in proc.stdout
 
 
+def test_a_demo_refused_for_a_taken_port_leaves_the_last_demos_folder(tmp_path):
+    import socket
+
+    env = _env(tmp_path)
+    last = Path(env["DEMO_DIR"])
+    last.mkdir()
+    (last / "best.pt").write_bytes(b"the last demo's model")
+    with socket.create_server(("127.0.0.1", int(env["DEMO_PORT"]))):
+        proc = subprocess.run(["bash", "examples/serve-demo.sh"], cwd=REPO, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"port {env['DEMO_PORT']} is taken (another server?); " \
+                                  "set DEMO_PORT"
+    assert sorted(p.name for p in last.iterdir()) == ["best.pt"]
+    assert (last / "best.pt").read_bytes() == b"the last demo's model"
+
+
 def test_the_demo_ends_pointing_to_the_study_page_and_the_best_models_commands(tmp_path):
     env = _env(tmp_path)
     proc = subprocess.run(["bash", "examples/serve-demo.sh"], cwd=REPO, env=env,
