@@ -324,6 +324,21 @@ _KINDS = {"bool_parsing": "must be true or false", "bool_type": "must be true or
           "float_type": "must be a number"}
 
 
+def _interval(metadata: list) -> str:
+    """A field's bounds as an interval: ``[0, 65535]``, ``(0, 8760]``; an open end ``inf``."""
+    def bound(*names: str) -> tuple[str, Any]:
+        for m in metadata:
+            for key in names:
+                if getattr(m, key, None) is not None:
+                    return key, getattr(m, key)
+        return "", None
+
+    low_kind, low = bound("ge", "gt")
+    high_kind, high = bound("le", "lt")
+    return (f"{'[' if low_kind == 'ge' else '('}{'-inf' if low is None else low}, "
+            f"{'inf' if high is None else high}{']' if high_kind == 'le' else ')'}")
+
+
 def _message(error: ValidationError) -> str:
     """The first error, naming the variable: ``HPO_PORT must be in [0, 65535], got 70000``."""
     first = error.errors(include_url=False)[0]
@@ -338,10 +353,8 @@ def _message(error: ValidationError) -> str:
         return first["msg"].removeprefix("Value error, ")
     if kind in _KINDS:
         return f"{name} {_KINDS[kind]}, got {value!r}"
-    if kind in ("greater_than_equal", "less_than_equal"):
-        low = next((m.ge for m in fields[loc].metadata if hasattr(m, "ge")), None)
-        high = next((m.le for m in fields[loc].metadata if hasattr(m, "le")), None)
-        return f"{name} must be in [{low}, {high}], got {value}"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        return f"{name} must be in {_interval(fields[loc].metadata)}, got {value}"
     if kind == "literal_error":
         choices = first["ctx"]["expected"].replace(" or ", ", ").replace("'", "")
         return f"{name} must be one of {choices}, got {value!r}"

@@ -58,6 +58,33 @@ def test_bad_values_name_the_variable(env, name):
         Settings.from_env(env)
 
 
+@pytest.mark.parametrize("variable, value, message", [
+    ("HPO_PORT", "70000", "HPO_PORT must be in [0, 65535], got 70000"),
+    ("HPO_MAX_RUNNING_STUDIES", "0", "HPO_MAX_RUNNING_STUDIES must be in [1, 1024], got 0"),
+    # an open end (gt) and a closed one (le)
+    ("HPO_DASHBOARD_SESSION_HOURS", "9000",
+     "HPO_DASHBOARD_SESSION_HOURS must be in (0, 8760], got 9000"),
+    ("HPO_DASHBOARD_SESSION_HOURS", "0",
+     "HPO_DASHBOARD_SESSION_HOURS must be in (0, 8760], got 0"),
+    ("HPO_DASHBOARD_SESSION_HOURS", "-1",
+     "HPO_DASHBOARD_SESSION_HOURS must be in (0, 8760], got -1"),
+])
+def test_a_value_out_of_range_names_the_fields_interval(variable, value, message):
+    """Every bound as the field has it: ``[`` for ``ge``, ``(`` for ``gt`` (a message once
+    gave ``[None, 8760]`` for a field bounded by ``gt``)."""
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({variable: value})
+    assert str(info.value) == message
+
+
+def test_every_bounded_setting_names_both_ends():
+    from service.settings import _interval
+
+    for name, field in Settings.model_fields.items():
+        if any(hasattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt")):
+            assert "None" not in _interval(field.metadata), name
+
+
 def _readme_settings() -> dict[str, str]:
     """``{variable: default cell}`` of the README's settings table."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
