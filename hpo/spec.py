@@ -61,7 +61,7 @@ from hpo.speclimits import (
     key_errors,
     text_errors,
 )
-from hpo.specpaths import field_path, problems, walk
+from hpo.specpaths import field_path, problems, union_tags, walk
 from hpo.spectext import parse_text
 from hpo.suggest import did_you_mean
 
@@ -320,8 +320,24 @@ def _error(err: dict, data: Any) -> dict[str, str]:
     elif err["type"] == "string_pattern_mismatch" and \
             err.get("ctx", {}).get("pattern") == NAME_PATTERN:
         msg = NAME_RULE
+    elif err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        return _tag_error(err, data)
     return {"loc": field_path(StudySpec.__pydantic_core_schema__, err["loc"], data),
             "msg": msg}
+
+
+def _tag_error(err: dict, data: Any) -> dict[str, str]:
+    """A discriminated union's unknown or missing tag (``sampler.name: tpee``), at the tag's
+    own field, with the names it may take, instead of pydantic's words at the union's."""
+    schema = StudySpec.__pydantic_core_schema__
+    key = err["ctx"]["discriminator"].strip("'")
+    tags = union_tags(schema, err["loc"])
+    loc = ".".join(filter(None, [field_path(schema, err["loc"], data), key]))
+    if err["type"] == "union_tag_not_found":
+        return {"loc": loc, "msg": f"required: one of {', '.join(tags)}"}
+    tag = str(err["ctx"]["tag"])
+    return {"loc": loc, "msg": f"unknown {key} {tag!r}{did_you_mean(tag, tags)}; one of "
+                               f"{', '.join(tags)}"}
 
 
 def _msg(text: str) -> str:

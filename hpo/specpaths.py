@@ -45,6 +45,19 @@ def walk(schema: dict, loc: tuple) -> tuple[list[str | int], list[str]]:
     schema is a union, pydantic's loc holds one element that is not the user's (the
     member's tag for a discriminated union, the member's name for a plain one of scalars)
     and it is dropped."""
+    out, fields, _ = _walk(schema, loc)
+    return out, fields
+
+
+def union_tags(schema: dict, loc: tuple) -> list[str]:
+    """The tags of the discriminated union whose value is at ``loc`` (``sampler``: the
+    samplers' names), in the schema's order; ``[]`` where the value is no such union."""
+    _, _, node = _walk(schema, loc)
+    return list(node["choices"]) if node and node["type"] == "tagged-union" else []
+
+
+def _walk(schema: dict, loc: tuple) -> tuple[list[str | int], list[str], dict | None]:
+    """:func:`walk`, and the (unwrapped) schema of the value at ``loc``."""
     defs: dict[str, dict] = {}
     node: dict | None = schema
     out: list[str | int] = []
@@ -70,7 +83,7 @@ def walk(schema: dict, loc: tuple) -> tuple[list[str | int], list[str]]:
             node = node["values_schema"]
         else:
             node = None
-    return out, sorted(fields)
+    return out, sorted(fields), _unwrap(node, defs) if node is not None else None
 
 
 def problems(found: list[dict], problem_of: Callable[[dict], dict[str, str]]

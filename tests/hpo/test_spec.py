@@ -553,6 +553,53 @@ def test_tpe_runs_its_start_up_trials_at_random_then_models(n_trials, given, sta
     assert runs[0][startup] != runs[1][startup]
 
 
+SAMPLERS = "tpe, random, grid, gp, cmaes, nsga2"
+SCHEDULERS = "fifo, asha, mo-asha, hyperband, median, pbt, pb2, optuna-pruner"
+
+
+@pytest.mark.parametrize(("data", "loc", "msg"), [
+    (_with(sampler={"name": "tpee"}), "sampler.name",
+     f"unknown name 'tpee' (did you mean 'tpe'?); one of {SAMPLERS}"),
+    (_with(sampler={"seed": 1}), "sampler.name", f"required: one of {SAMPLERS}"),
+    (_with(scheduler={"name": "ashaa"}), "scheduler.name",
+     f"unknown name 'ashaa' (did you mean 'asha'?); one of {SCHEDULERS}"),
+    (_with(scheduler={"name": "optuna-pruner", "pruner": {"name": "medain"}}),
+     "scheduler.pruner.name", "unknown name 'medain' (did you mean 'median'?); one of "
+     "median, percentile, successive-halving, hyperband, wilcoxon, patient"),
+    (_space(lr={"type": "flaot", "low": 0.1, "high": 1}), "search_space.lr.type",
+     "unknown type 'flaot' (did you mean 'float'?); one of float, int, categorical"),
+    (_space(lr={"low": 0.1, "high": 1}), "search_space.lr.type",
+     "required: one of float, int, categorical"),
+    (_with(scheduler={"name": "xyz"}), "scheduler.name", f"unknown name 'xyz'; one of "
+     f"{SCHEDULERS}"),
+])
+def test_an_unknown_or_missing_kind_names_its_field_and_the_kinds(data, loc, msg):
+    """Every discriminated union (sampler, scheduler, pruner, parameter type): the tag's own
+    field and the names it may take (pydantic said "Input tag 'tpee' found using 'name'
+    does not match any of the expected tags" at the union's field)."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    assert info.value.errors == [{"loc": loc, "msg": msg}]
+
+
+@pytest.mark.parametrize(("given", "joint"), [(None, False), (False, False), (True, True)])
+def test_tpe_models_the_parameters_independently_unless_the_spec_says_multivariate(
+        given, joint):
+    """Left unset, the independent TPE (``TPESamplerSpec.is_multivariate``: where Optuna 5
+    takes the multivariate one for a single objective); shown by what the built sampler
+    models: a joint model's relative search space holds the space's parameters."""
+    sampler = {"name": "tpe", "seed": 3, "n_startup_trials": 1,
+               **({} if given is None else {"multivariate": given})}
+    spec = parse_spec(_with(sampler=sampler))
+    assert spec.sampler.is_multivariate is joint
+    study = optuna.create_study(sampler=build_sampler(spec), direction="maximize")
+    for _ in range(3):
+        trial = study.ask(distributions(spec))
+        study.tell(trial, trial.params["lr"])
+    relative = study.sampler.infer_relative_search_space(study, study.trials[-1])
+    assert sorted(relative) == (sorted(spec.search_space) if joint else [])
+
+
 @pytest.mark.parametrize("pruner, most", [({}, 15), ({"min_resource": 1000, "reduction_factor": 2},
                                                   21), ({"reduction_factor": 2**31 - 1}, 1)])
 def test_successive_halving_rate_is_bounded_by_its_first_rung_step(pruner, most):
