@@ -17,9 +17,10 @@ get the example's space and training config (only ``max_epochs`` and ``val_fract
 set here), ASHA's rungs at 1 and 4 epochs (grace 1 epoch, reduction factor 4), 2 trials
 at a time and the same budget, and each system its own sampler defaults, as a user who
 names only the sampler gets them: the product's TPE (``{name: tpe, seed: S}``: 4 random
-start-up trials at this budget, 5 % of it, ``hpo.algorithms.TPESamplerSpec``), and for
-raw Tune and Optuna alone ``TPESampler(seed=S)`` as one wires it by hand (Optuna's 10
-start-up trials; multivariate with a constant liar, as the product's, in Optuna 5). The
+start-up trials at this budget, 5 % of it, the independent TPE, with a constant liar:
+``hpo.algorithms.TPESamplerSpec``), and for raw Tune and Optuna alone
+``TPESampler(seed=S)`` as one wires it by hand (Optuna's 10 start-up trials; in Optuna 5
+the multivariate TPE for one objective, with a constant liar). The
 random systems get the same random sampler. ``--same-sampler N`` gives the peers the
 product's sampler with N start-up trials instead, and the product N too: then hpo and raw
 Tune draw the same trials (checked: the same suggestions, seed for seed) and only cost and
@@ -239,7 +240,7 @@ def fixed_config(args, trace_dir: Path) -> dict:
     """The training options every trial of every system has (besides the search space)."""
     from hpo.spec import load_spec
 
-    return {**load_spec(EXAMPLE).config, "max_epochs": args.epochs,
+    return {**load_spec(args.spec).config, "max_epochs": args.epochs,
             "val_fraction": args.val_fraction, "trace_dir": str(trace_dir),
             "trace_target": 2.0 if args.full_budget else args.target}
 
@@ -256,7 +257,7 @@ def study_spec(name: str, sampler: str, seed: int, args, trace_dir: Path):
     """The example's spec on ``digits-traced``: this task, budget, ASHA rungs, sampler."""
     from hpo.spec import load_spec, parse_spec
 
-    data = load_spec(EXAMPLE).to_dict()
+    data = load_spec(args.spec).to_dict()
     data.update(name=name, task=TASK_NAME, config=fixed_config(args, trace_dir),
                 # the product's own sampler options: TPE's start-up trials are the budget's
                 # (hpo.algorithms.TPESamplerSpec.startup_trials), unless --same-sampler
@@ -670,6 +671,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=EPOCHS, help="epochs per trial at most")
     parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
                         help="digits' validation fraction (the rest trains)")
+    parser.add_argument("--spec", type=Path, default=EXAMPLE,
+                        help="the spec whose search space and config every system takes "
+                             "(default: examples/digits-tpe-asha.yaml)")
     parser.add_argument("--full-budget", action="store_true",
                         help="run every study to its budget (default: stop once reached)")
     parser.add_argument("--same-sampler", type=int, default=None, metavar="N",

@@ -19,12 +19,17 @@ How a stopped trial is told to the sampler (``--tell``):
   result as a COMPLETE value, whether ASHA stopped the trial or not).
 
 ``--variant`` is ``random`` or the JSON keyword arguments of ``optuna.samplers.TPESampler``
-besides the seed. ``{"n_startup_trials": 8}`` is both this product's sampler on the
-example's spec and a hand-wired Optuna or Ray Tune's on the same spec: Optuna 5's TPE
-is multivariate with a constant liar by default, as the product's is.
+besides the seed. Optuna 5's TPE is multivariate (for one objective) with a constant liar
+by default; the product's is the independent TPE with a constant liar
+(``hpo.algorithms.TPESamplerSpec.is_multivariate``): ``{"n_startup_trials": 4,
+"multivariate": false}`` is the product's sampler on the example's spec and 80 trials.
+Rows of ``bench/README.md`` before 2026-12-07's eleventh session ran the multivariate
+TPE as the product's.
 
-``--metric val_loss`` makes the search minimize the validation loss and the target a loss
-at or below ``--target`` (default: ``val_accuracy``, maximized, at or above 0.9895).
+``--spec`` takes another spec's search space and config (``bench/ttt-wide.yaml``: a wide
+space of 11 parameters). ``--metric val_loss`` makes the search minimize the validation
+loss and the target a loss at or below ``--target`` (default: ``val_accuracy``,
+maximized, at or above 0.9895).
 
 Prints each seed's trial (start rank) and epochs to the target, then the medians and the
 runs that never reached it (counted as infinite). Only the search differs from the
@@ -149,7 +154,7 @@ def asha_stops(rungs: dict[int, dict[int, float]], rank: int, epoch: int,
 
 def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
     """(trial, epochs) to the first evaluation at the target; (inf, inf) if never."""
-    data = load_spec(ttt.EXAMPLE).to_dict()
+    data = load_spec(args.spec).to_dict()
     fixed = {**data["config"], "max_epochs": args.epochs, "val_fraction": args.val_fraction}
     dists = distributions(parse_spec({**data, "config": fixed}))
     study = optuna.create_study(direction="maximize", sampler=sampler(variant, seed))
@@ -204,6 +209,9 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=None,
                         help=f"default {ttt.TARGET_ACCURACY} (val_accuracy)")
     parser.add_argument("--epochs", type=int, default=ttt.EPOCHS)
+    parser.add_argument("--spec", type=Path, default=ttt.EXAMPLE,
+                        help="the spec whose search space and config the trials take "
+                             "(default: time_to_target.py's)")
     parser.add_argument("--val-fraction", type=float, default=ttt.VAL_FRACTION)
     args = parser.parse_args()
     if args.target is None and args.metric != "val_accuracy":

@@ -106,8 +106,9 @@ def _sampler(spec: StudySpec) -> str:
     if spec.scheduler.name in POPULATION_SCHEDULERS:
         return f"Ray's variant generator (the population of {spec.scheduler.name}), seed " \
                f"{_fmt(s.seed)}"
-    if s.name == "tpe":  # the start-up trials that run, the budget's when left unset
-        s = s.model_copy(update={"n_startup_trials": s.startup_trials(spec.budget.n_trials)})
+    if s.name == "tpe":  # what runs: the start-up trials the budget's when left unset
+        s = s.model_copy(update={"n_startup_trials": s.startup_trials(spec.budget.n_trials),
+                                 "multivariate": s.is_multivariate})
     rest = _options(s, skip=("name", "seed"))
     return f"{s.name}, seed {_fmt(s.seed)}" + (f" ({rest})" if rest else "")
 

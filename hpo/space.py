@@ -121,7 +121,7 @@ def build_sampler(spec: StudySpec, seed_offset: int = 0) -> optuna.samplers.Base
         return optuna.samplers.TPESampler(seed=s.seed,
                                           n_startup_trials=s.startup_trials(
                                               spec.budget.n_trials),
-                                          multivariate=s.multivariate,
+                                          multivariate=s.is_multivariate,
                                           constant_liar=s.constant_liar)
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)

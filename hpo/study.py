@@ -26,6 +26,8 @@ from hpo.storage import (
 )
 
 SPEC_ATTR = "hpo_spec"
+# TPE options whose default changed: left unset by a file, a stored study keeps its value
+UNSET_TPE_DEFAULTS = ("n_startup_trials", "multivariate")
 WARM_START_POINTS_ATTR = "hpo:warm_start_points"
 """Study system attribute: the warm-start ``[params, source]`` pairs read when the study was
 created (the service's studies; see :mod:`hpo.warmstart`)."""
@@ -41,9 +43,10 @@ def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
 def open_stored_study(spec: StudySpec, storage: optuna.storages.BaseStorage,
                       compare_spec: bool = True) -> tuple[optuna.Study, StudySpec]:
     """Create the study named by the spec, or load it if it exists with the same spec; the
-    study, and the spec it runs: ``spec``, where it leaves TPE's ``n_startup_trials`` unset
-    and the stored spec has a number, with that number (a study stored when Optuna's 10 was
-    the default goes on with 10 when the same file is run again).
+    study, and the spec it runs: ``spec``, where it leaves one of TPE's
+    :data:`UNSET_TPE_DEFAULTS` unset and the stored spec has a value, with that value (a
+    study stored when Optuna's 10 start-up trials, or the multivariate TPE, was the
+    default goes on with it when the same file is run again).
 
     ``compare_spec=False``: the caller vouches that ``spec`` is the study's own
     stored spec (the service's driver, which read it from the service's table,
@@ -123,10 +126,13 @@ def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> StudySpec:
         study.set_user_attr(SPEC_ATTR, spec.to_dict())
         return spec
     was = load_stored(stored)  # as models: an older stored form still opens
-    if (spec.sampler.name == was.sampler.name == "tpe" and spec.sampler.n_startup_trials is None
-            and was.sampler.n_startup_trials is not None):
-        spec = spec.model_copy(update={"sampler": spec.sampler.model_copy(
-            update={"n_startup_trials": was.sampler.n_startup_trials})})
+    if spec.sampler.name == was.sampler.name == "tpe":
+        stored_values = {key: getattr(was.sampler, key) for key in UNSET_TPE_DEFAULTS
+                         if getattr(spec.sampler, key) is None
+                         and getattr(was.sampler, key) is not None}
+        if stored_values:
+            spec = spec.model_copy(update={"sampler": spec.sampler.model_copy(
+                update=stored_values)})
     if was != spec:
         new = spec.to_dict()
         differ = sorted(k for k in {*stored, *new} if stored.get(k) != new.get(k))

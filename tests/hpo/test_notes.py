@@ -69,7 +69,7 @@ def test_note_gives_the_spec_as_tables():
     for row in ["| task | `digits` |",
                 "| owner | alice |",
                 "| objective | `val_accuracy` (maximize) |",
-                "| sampler | tpe, seed 7 (n_startup_trials=4, multivariate=true, "
+                "| sampler | tpe, seed 7 (n_startup_trials=4, multivariate=false, "
                 "constant_liar=true) |",
                 "| scheduler | asha (grace_period=10, reduction_factor=3, brackets=1) |",
                 "| budget | 12 trials, at most 2 at a time, time budget 600 s |",

@@ -83,3 +83,39 @@ def test_a_file_that_names_other_start_up_trials_than_the_stored_study_is_refuse
     with pytest.raises(StudyExistsError, match=r"\(sampler differ\)"):
         open_stored_study(_spec(unique_name, sampler={"name": "tpe", "n_startup_trials": 4}),
                           storage)
+
+
+@pytest.mark.parametrize(("stored", "given", "joint"), [
+    (True, None, True),  # stored when the multivariate TPE was the default: it goes on so
+    (None, None, False),  # stored unset: the independent TPE
+    (False, None, False), (True, True, True)])
+def test_a_file_that_leaves_multivariate_unset_runs_the_stored_studys(
+        db_url, unique_name, stored, given, joint):
+    from hpo.space import distributions
+    from hpo.study import open_stored_study
+
+    storage = open_storage(db_url)
+    tpe = {"name": "tpe", "seed": 5, "n_startup_trials": 1}
+    open_stored_study(_spec(unique_name, sampler={**tpe, "multivariate": stored}), storage)
+    study, spec = open_stored_study(
+        _spec(unique_name, sampler={**tpe, "multivariate": given}), storage)
+    assert spec.sampler.is_multivariate is joint
+    assert study.user_attrs[SPEC_ATTR]["sampler"]["multivariate"] == stored
+    # what runs: a joint model has the parameters seen so far as its search space
+    trial = study.ask(distributions(spec))
+    study.tell(trial, [0.5, 0.5])
+    relative = study.sampler.infer_relative_search_space(study, study.trials[0])
+    assert sorted(relative) == (["lr"] if joint else [])
+
+
+@pytest.mark.parametrize(("stored", "given"), [(True, False), (None, True), (False, True)])
+def test_a_file_that_names_another_multivariate_than_the_stored_study_is_refused(
+        db_url, unique_name, stored, given):
+    from hpo.study import open_stored_study
+
+    storage = open_storage(db_url)
+    open_stored_study(_spec(unique_name, sampler={"name": "tpe", "multivariate": stored}),
+                      storage)
+    with pytest.raises(StudyExistsError, match=r"\(sampler differ\)"):
+        open_stored_study(_spec(unique_name, sampler={"name": "tpe", "multivariate": given}),
+                          storage)
