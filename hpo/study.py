@@ -133,13 +133,24 @@ def _check_stored_spec(study: optuna.Study, spec: StudySpec) -> StudySpec:
         if stored_values:
             spec = spec.model_copy(update={"sampler": spec.sampler.model_copy(
                 update=stored_values)})
-    if was != spec:
+    if _runs_as(was) != _runs_as(spec):
         new = spec.to_dict()
         differ = sorted(k for k in {*stored, *new} if stored.get(k) != new.get(k))
         raise StudyExistsError(f"study {spec.name!r} exists with a different spec ("
                                f"{', '.join(differ)} differ): give the new spec another "
                                f"name, or delete the stored study first")
     return spec
+
+
+def _runs_as(spec: StudySpec) -> StudySpec:
+    """``spec`` with TPE's :data:`UNSET_TPE_DEFAULTS` as they run (a file that writes the
+    default a stored study left unset is the same study)."""
+    s = spec.sampler
+    if s.name != "tpe":
+        return spec
+    return spec.model_copy(update={"sampler": s.model_copy(update={
+        "n_startup_trials": s.startup_trials(spec.budget.n_trials),
+        "multivariate": s.is_multivariate})})
 
 
 def fail_running_trials(storage: optuna.storages.BaseStorage, name: str, reason: str,

@@ -119,3 +119,24 @@ def test_a_file_that_names_another_multivariate_than_the_stored_study_is_refused
     with pytest.raises(StudyExistsError, match=r"\(sampler differ\)"):
         open_stored_study(_spec(unique_name, sampler={"name": "tpe", "multivariate": given}),
                           storage)
+
+
+@pytest.mark.parametrize("sampler", [
+    {"multivariate": False},  # the default, written out
+    {"n_startup_trials": 4},  # the budget's (3 trials: 4), written out
+    {"multivariate": False, "n_startup_trials": 4}])
+def test_a_file_that_writes_out_the_default_a_stored_study_left_unset_is_the_same_study(
+        db_url, unique_name, sampler):
+    from hpo.study import open_stored_study
+
+    storage = open_storage(db_url)
+    open_stored_study(_spec(unique_name, sampler={"name": "tpe"}), storage)
+    study, spec = open_stored_study(_spec(unique_name, sampler={"name": "tpe", **sampler}),
+                                    storage)
+    assert not spec.sampler.is_multivariate
+    assert spec.sampler.startup_trials(spec.budget.n_trials) == 4
+    assert study.user_attrs[SPEC_ATTR]["sampler"]["multivariate"] is None
+    # and the other way round: stored written out, the file leaving it unset
+    other = f"{unique_name}-b"
+    open_stored_study(_spec(other, sampler={"name": "tpe", **sampler}), storage)
+    open_stored_study(_spec(other, sampler={"name": "tpe"}), storage)
