@@ -23,6 +23,7 @@ task (:mod:`hpo.validation`); every problem becomes one entry of a
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -335,9 +336,23 @@ def _tag_error(err: dict, data: Any) -> dict[str, str]:
     loc = ".".join(filter(None, [field_path(schema, err["loc"], data), key]))
     if err["type"] == "union_tag_not_found":
         return {"loc": loc, "msg": f"required: one of {', '.join(tags)}"}
-    tag = str(err["ctx"]["tag"])
-    return {"loc": loc, "msg": f"unknown {key} {tag!r}{did_you_mean(tag, tags)}; one of "
+    union = _value_at(data, err["loc"])
+    given = union.get(key) if isinstance(union, Mapping) else err["ctx"]["tag"]
+    if not isinstance(given, str):  # null, a number, a list: as the document has it
+        return {"loc": loc, "msg": f"must be a string, one of {', '.join(tags)}; got "
+                                   f"{json.dumps(given, default=str)}"}
+    return {"loc": loc, "msg": f"unknown {key} {given!r}{did_you_mean(given, tags)}; one of "
                                f"{', '.join(tags)}"}
+
+
+def _value_at(data: Any, loc: tuple) -> Any:
+    """The value of ``data`` at a pydantic ``loc``, past the parts that are no key of it
+    (a union member's tag)."""
+    for part in loc:
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if in_list or (isinstance(data, Mapping) and part in data):
+            data = data[part]
+    return data
 
 
 def _msg(text: str) -> str:

@@ -117,8 +117,13 @@ def _member_of_last(err: dict, last: dict) -> bool:
     """Whether ``err`` may be another union member's failure of ``last``'s value: its loc
     differs in the last part alone (the member's tag) and it is no unknown field."""
     loc, before = err["loc"], last["loc"]
-    return (err["type"] != "extra_forbidden" and len(loc) == len(before) and loc != before
-            and loc[:-1] == before[:-1])
+    return (err["type"] not in _NO_MEMBER and last["type"] not in _NO_MEMBER
+            and len(loc) == len(before) and loc != before and loc[:-1] == before[:-1])
+
+
+# errors at a field itself, never one member's failure of a union (a discriminated union's
+# tag errors stand at the union's loc: two parameters' are siblings, not members)
+_NO_MEMBER = {"extra_forbidden", "union_tag_invalid", "union_tag_not_found"}
 
 
 def _either(msgs: list[str]) -> str:

@@ -572,6 +572,18 @@ SCHEDULERS = "fifo, asha, mo-asha, hyperband, median, pbt, pb2, optuna-pruner"
      "required: one of float, int, categorical"),
     (_with(scheduler={"name": "xyz"}), "scheduler.name", f"unknown name 'xyz'; one of "
      f"{SCHEDULERS}"),
+    (_with(sampler={"name": "None"}), "sampler.name", f"unknown name 'None'; one of {SAMPLERS}"),
+    # a tag of another kind, as the document has it (not Python's str() of it)
+    (_with(sampler={"name": None}), "sampler.name",
+     f"must be a string, one of {SAMPLERS}; got null"),
+    (_with(scheduler={"name": True}), "scheduler.name",
+     f"must be a string, one of {SCHEDULERS}; got true"),
+    (_space(lr={"type": [1, 2]}), "search_space.lr.type",
+     "must be a string, one of float, int, categorical; got [1, 2]"),
+    (_with(scheduler={"name": "optuna-pruner", "pruner": {
+        "name": "patient", "patience": 1, "wrapped": {"name": 7}}}),
+     "scheduler.pruner.wrapped.name", "must be a string, one of median, percentile, "
+     "successive-halving, hyperband, wilcoxon, patient; got 7"),
 ])
 def test_an_unknown_or_missing_kind_names_its_field_and_the_kinds(data, loc, msg):
     """Every discriminated union (sampler, scheduler, pruner, parameter type): the tag's own
@@ -580,6 +592,18 @@ def test_an_unknown_or_missing_kind_names_its_field_and_the_kinds(data, loc, msg
     with pytest.raises(SpecError) as info:
         parse_spec(data)
     assert info.value.errors == [{"loc": loc, "msg": msg}]
+
+
+@pytest.mark.parametrize("bad", [{"type": "x"}, {"low": 1}, {"type": [1]},
+                                 {"type": "float", "low": "a", "high": 1}])
+def test_past_the_listed_problems_every_parameters_problem_is_counted(bad):
+    """150 parameters with the same problem: 100 listed, and 50 more counted (two
+    parameters' tag errors were read as one union's members: "and 1 more")."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(_with(search_space={f"p{i}": bad for i in range(150)}))
+    errors = info.value.errors
+    assert len(errors) == 101
+    assert errors[-1]["msg"] == "and 50 more problems (the first 100 are listed)"
 
 
 @pytest.mark.parametrize(("given", "joint"), [(None, False), (False, False), (True, True)])
