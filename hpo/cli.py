@@ -36,7 +36,7 @@ from hpo.task_cli import task_app
 
 app = typer.Typer(help="Hyperparameter optimization of PyTorch training: Optuna studies on "
                        "Ray Tune.", no_args_is_help=True, add_completion=False)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per error or problem, however long
 out = Console(soft_wrap=True)  # lines stay whole when stdout is a file or pipe
 MAX_LOCAL_CPUS = 100_000  # --num-cpus; Ray refuses more than 1e14 only after it started
 

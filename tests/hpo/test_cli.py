@@ -58,6 +58,14 @@ def test_invalid_spec_exits_2_naming_each_field(tmp_path):
     assert "budget.n_trials" in proc.stderr
     assert "search_space.quality.low" in proc.stderr
     assert not (tmp_path / "x.db").exists()  # nothing stored
+    # one line per problem, however long (rich wrapped them at 80 columns off a terminal)
+    long = _spec(tmp_path / "long.yaml", sampler={"name": "tpee"})
+    proc = subprocess.run([*HPO, "run", str(long), "--storage", f"sqlite:///{tmp_path / 'x.db'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "  sampler.name: unknown name 'tpee' (did you mean 'tpe'?); one of tpe, random, grid, "
+        "gp, cmaes, nsga2")
     missing = subprocess.run([*HPO, "run", str(tmp_path / "nope.yaml")], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
