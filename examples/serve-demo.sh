@@ -22,17 +22,43 @@ if [ -z "$KEEP" ]; then
 fi
 MIN_ACCURACY=${DEMO_MIN_ACCURACY:-0.97}
 
-# checked before the last demo's folder is wiped: a refused demo leaves it as it was
-if "$BIN/python" -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' \
-        "$PORT" 2>/dev/null; then
+# Checked before the last demo's folder is wiped: a refused demo leaves it as it was.
+for tool in hpo python; do
+    if [ ! -x "$BIN/$tool" ]; then
+        echo "no $BIN/$tool: run make install first, or set BIN" >&2
+        exit 1
+    fi
+done
+NAME=$("$BIN/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' \
+       "$SPEC" 2>/dev/null) || { echo "cannot read the study name of the spec $SPEC" >&2; exit 1; }
+port_free=0
+"$BIN/python" -c 'import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)
+except OSError:
+    sys.exit(3)' "$PORT" 2>/dev/null || port_free=$?
+if [ "$port_free" = 0 ]; then
     echo "port $PORT is taken (another server?); set DEMO_PORT" >&2
     exit 1
+elif [ "$port_free" != 3 ]; then
+    echo "DEMO_PORT must be a port number, got '$PORT'" >&2
+    exit 1
 fi
-rm -rf "$DIR"
-mkdir -p "$DIR"
 export HPO_DATABASE_URL="sqlite:///$DIR/hpo.db" HPO_RESULTS_DIR="$DIR/results"
 export HPO_PORT="$PORT" HPO_URL="http://127.0.0.1:$PORT"
-HPO_TOKEN="$("$BIN/hpo" token create demo --admin 2>/dev/null)"
+"$BIN/python" -c 'import os, sys
+from service.errors import SettingsError
+from service.settings import Settings
+try:
+    Settings.from_env(os.environ)
+except SettingsError as e:
+    sys.exit(f"error: {e}")'  # a bad HPO_* setting: the server would refuse it
+rm -rf "$DIR"
+mkdir -p "$DIR"
+HPO_TOKEN="$("$BIN/hpo" token create demo --admin 2>"$DIR/token.log")" || {
+    cat "$DIR/token.log" >&2
+    exit 1
+}
 export HPO_TOKEN
 
 ready() {
@@ -62,8 +88,6 @@ for _ in $(seq 1 300); do
 done
 ready || { echo "hpo serve is not ready after 150 s" >&2; exit 1; }
 
-NAME=$("$BIN/python" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' \
-       "$SPEC")
 echo "== submitting $SPEC over REST (POST /v1/studies)"
 "$BIN/hpo" submit "$SPEC" --wait
 if "$BIN/python" - "$HPO_URL" "$HPO_TOKEN" "$NAME" "$MIN_ACCURACY" "$KEEP" "$BIN" "$DIR" \

@@ -80,20 +80,41 @@ def test_off_a_terminal_the_demo_stops_and_says_how_to_keep_it(tmp_path):
     assert "== server stopped cleanly" in proc.stdout
 
 
-def test_a_demo_refused_for_a_taken_port_leaves_the_last_demos_folder(tmp_path):
+@pytest.mark.parametrize("cause", ["taken port", "bad port", "no BIN", "no spec",
+                                   "bad setting"])
+def test_a_refused_demo_leaves_the_last_demos_folder(tmp_path, cause):
+    """Every refusal before the server starts comes before DEMO_DIR is wiped (a taken port,
+    a missing venv or spec, a bad setting had deleted the last demo's model and log)."""
     import socket
 
     env = _env(tmp_path)
+    port = env["DEMO_PORT"]
     last = Path(env["DEMO_DIR"])
     last.mkdir()
     (last / "best.pt").write_bytes(b"the last demo's model")
-    with socket.create_server(("127.0.0.1", int(env["DEMO_PORT"]))):
-        proc = subprocess.run(["bash", "examples/serve-demo.sh"], cwd=REPO, env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=120)
-    assert proc.returncode == 1
-    assert proc.stderr.strip() == f"port {env['DEMO_PORT']} is taken (another server?); " \
-                                  "set DEMO_PORT"
+    argv = ["bash", "examples/serve-demo.sh"]
+    expected = {
+        "taken port": f"port {port} is taken (another server?); set DEMO_PORT",
+        "bad port": "DEMO_PORT must be a port number, got 'http'",
+        "no BIN": f"no {tmp_path}/nowhere/hpo: run make install first, or set BIN",
+        "no spec": f"cannot read the study name of the spec {tmp_path}/typo.yaml",
+        "bad setting": "error: HPO_DASHBOARD_SESSION_HOURS must be in (0, 8760], got 0",
+    }[cause]
+    if cause == "bad port":
+        env["DEMO_PORT"] = "http"
+    elif cause == "no BIN":
+        env["BIN"] = str(tmp_path / "nowhere")
+    elif cause == "no spec":
+        argv.append(str(tmp_path / "typo.yaml"))
+    elif cause == "bad setting":
+        env["HPO_DASHBOARD_SESSION_HOURS"] = "0"
+    with socket.create_server(("127.0.0.1", int(port))):  # taken only in "taken port"
+        if cause != "taken port":
+            env["DEMO_PORT"] = env["DEMO_PORT"] if cause == "bad port" else str(free_port())
+        proc = subprocess.run(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == expected
     assert sorted(p.name for p in last.iterdir()) == ["best.pt"]
     assert (last / "best.pt").read_bytes() == b"the last demo's model"
 
