@@ -47,16 +47,20 @@ def _init_local(ray, num_cpus: int | None):
     """``ray.init`` of a new local Ray, tried again when its node did not register in time:
     Ray waits a fixed 30 s for its raylet at start-up, which a loaded 2-core machine
     exceeds (seen under a test suite and a review's servers at load 16)."""
-    for attempt in range(1, START_TRIES):
+    for attempt in range(1, START_TRIES + 1):
         try:
             return _init(ray, num_cpus)
         except Exception as e:  # Ray raises a bare Exception for this one
             if "timed out during startup" not in str(e):
                 raise
+            ray.shutdown()
+            if attempt == START_TRIES:  # one line, as the service's own errors (no traceback)
+                print(f"ray_head: {e} Gave up after {START_TRIES} tries.", file=sys.stderr,
+                      flush=True)
+                raise SystemExit(1) from None
             print(f"ray_head: {e} Trying again ({attempt + 1} of {START_TRIES}).",
                   file=sys.stderr, flush=True)
-            ray.shutdown()
-    return _init(ray, num_cpus)
+    raise AssertionError("unreachable")
 
 
 def _init(ray, num_cpus: int | None):
