@@ -127,7 +127,9 @@ def serve(host: Annotated[str | None, typer.Option(
     settings = _settings(**overrides)
     try:
         sock = listen(settings.host, settings.port)  # first: a taken port fails at once
-    except ServiceError as e:
+    except SettingsError as e:  # a host that is no address of this machine
+        _error(e, 2)
+    except ServiceError as e:  # a port in use
         _error(e, 1)
     try:
         _check_database(settings.database_url)  # before the seconds of starting a local Ray

@@ -102,14 +102,16 @@ def listen(host: str, port: int) -> socket.socket:
         port: 0-65535 (0: any free port).
 
     Raises:
-        ServiceError: the address is in use or cannot be bound; the message names
-            ``--port`` / ``HPO_PORT`` (or ``--host`` / ``HPO_HOST``).
+        SettingsError: ``host`` is no address of this machine (the message names
+            ``--host`` / ``HPO_HOST``).
+        ServiceError: the port is in use or cannot be bound (the message names
+            ``--port`` / ``HPO_PORT``).
     """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
-        raise ServiceError(f"cannot bind host {host!r} ({e.strerror}): set --host or "
-                           f"HPO_HOST to an address of this machine") from None
+        raise SettingsError(f"cannot bind host {host!r} ({e.strerror}): set --host or "
+                            f"HPO_HOST to an address of this machine") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -121,8 +123,8 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno in HOST_ERRNOS:
-            raise ServiceError(f"cannot bind host {host!r} ({e.strerror}): set --host or "
-                               f"HPO_HOST to an address of this machine") from None
+            raise SettingsError(f"cannot bind host {host!r} ({e.strerror}): set --host or "
+                                f"HPO_HOST to an address of this machine") from None
         what = "is in use (another server?)" if e.errno == errno.EADDRINUSE else (
             f"cannot be bound ({e.strerror})")
         raise ServiceError(f"port {port} on {host} {what}: choose another with --port or "

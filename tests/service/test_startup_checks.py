@@ -3,6 +3,7 @@ machine's, and SIGINT/SIGTERM before it serves (the operations tester's findings
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -13,13 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 from service import server as server_module
-from service.errors import ServiceError, SettingsError
+from service.errors import SettingsError
 from service.settings import Settings
 
 
 def test_a_host_that_is_not_this_machines_names_the_host_option():
     """HPO_HOST=8.8.8.8 said "choose another with --port or HPO_PORT" (EADDRNOTAVAIL)."""
-    with pytest.raises(ServiceError) as caught:
+    with pytest.raises(SettingsError) as caught:
         server_module.listen("192.0.2.1", 0)  # TEST-NET-1: no machine's own address
     assert str(caught.value) == ("cannot bind host '192.0.2.1' (Cannot assign requested "
                                  "address): set --host or HPO_HOST to an address of this "
@@ -199,3 +200,32 @@ def test_readyz_leaves_the_results_dir_out_where_no_dispatcher_runs(tmp_path):
                         results_dir=tmp_path / "afile", run_dispatcher=False)
     with TestClient(create_app(settings)) as client:
         assert "results_dir" not in client.get("/readyz").json()["checks"]
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
+def test_hpo_serve_exits_2_for_a_host_that_is_not_this_machines_as_for_any_bad_setting(
+        host, tmp_path, monkeypatch):
+    """A bad --host / HPO_HOST is a bad setting, exit 2 as the others (it was 1, as a port
+    in use, which a second try may find free)."""
+    import hpo.cli
+
+    monkeypatch.setattr(server_module, "LocalRay", _no_ray)
+    monkeypatch.setenv("HPO_DATABASE_URL", f"sqlite:///{tmp_path / 'hpo.db'}")
+    result = CliRunner().invoke(hpo.cli.app, ["serve", "--host", host, "--port", "0"])
+    assert result.exit_code == 2
+    assert " ".join(result.output.split()).startswith(f"error: cannot bind host '{host}' (")
+    with socket_taken() as port:  # a port in use stays exit 1
+        result = CliRunner().invoke(hpo.cli.app, ["serve", "--host", "127.0.0.1", "--port",
+                                                  str(port)])
+    assert result.exit_code == 1
+    assert " ".join(result.output.split()) == (
+        f"error: port {port} on 127.0.0.1 is in use (another server?): choose another with "
+        f"--port or HPO_PORT")
+
+
+@contextlib.contextmanager
+def socket_taken():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        yield s.getsockname()[1]
