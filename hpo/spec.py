@@ -23,7 +23,6 @@ task (:mod:`hpo.validation`); every problem becomes one entry of a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -62,7 +61,7 @@ from hpo.speclimits import (
     key_errors,
     text_errors,
 )
-from hpo.specpaths import field_path, problems, union_tags, walk
+from hpo.specpaths import field_path, problems, tag_problem, walk
 from hpo.spectext import parse_text
 from hpo.suggest import did_you_mean
 
@@ -322,37 +321,9 @@ def _error(err: dict, data: Any) -> dict[str, str]:
             err.get("ctx", {}).get("pattern") == NAME_PATTERN:
         msg = NAME_RULE
     elif err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        return _tag_error(err, data)
+        return tag_problem(StudySpec.__pydantic_core_schema__, err, data)
     return {"loc": field_path(StudySpec.__pydantic_core_schema__, err["loc"], data),
             "msg": msg}
-
-
-def _tag_error(err: dict, data: Any) -> dict[str, str]:
-    """A discriminated union's unknown or missing tag (``sampler.name: tpee``), at the tag's
-    own field, with the names it may take, instead of pydantic's words at the union's."""
-    schema = StudySpec.__pydantic_core_schema__
-    key = err["ctx"]["discriminator"].strip("'")
-    tags = union_tags(schema, err["loc"])
-    loc = ".".join(filter(None, [field_path(schema, err["loc"], data), key]))
-    if err["type"] == "union_tag_not_found":
-        return {"loc": loc, "msg": f"required: one of {', '.join(tags)}"}
-    union = _value_at(data, err["loc"])
-    given = union.get(key) if isinstance(union, Mapping) else err["ctx"]["tag"]
-    if not isinstance(given, str):  # null, a number, a list: as the document has it
-        return {"loc": loc, "msg": f"must be a string, one of {', '.join(tags)}; got "
-                                   f"{json.dumps(given, default=str)}"}
-    return {"loc": loc, "msg": f"unknown {key} {given!r}{did_you_mean(given, tags)}; one of "
-                               f"{', '.join(tags)}"}
-
-
-def _value_at(data: Any, loc: tuple) -> Any:
-    """The value of ``data`` at a pydantic ``loc``, past the parts that are no key of it
-    (a union member's tag)."""
-    for part in loc:
-        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
-        if in_list or (isinstance(data, Mapping) and part in data):
-            data = data[part]
-    return data
 
 
 def _msg(text: str) -> str:

@@ -1,15 +1,18 @@
 """Field paths of pydantic errors, from the model's core schema (``hpo.spec`` names every
 problem by the user's dotted path, not pydantic's ``loc``, which holds union tags), and the
 list of problems they make (:func:`problems`: a union's members once, at most
-:data:`hpo.speclimits.MAX_ERRORS`)."""
+:data:`hpo.speclimits.MAX_ERRORS`; :func:`tag_problem`: a discriminated union's tag at its
+own field)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from itertools import pairwise
 from typing import Any
 
 from hpo.speclimits import MAX_ERRORS, more_errors
+from hpo.suggest import did_you_mean
 
 _WRAPPERS = {"model", "default", "nullable", "function-before", "function-after",
              "function-wrap"}
@@ -49,7 +52,7 @@ def walk(schema: dict, loc: tuple) -> tuple[list[str | int], list[str]]:
     return out, fields
 
 
-def union_tags(schema: dict, loc: tuple) -> list[str]:
+def _union_tags(schema: dict, loc: tuple) -> list[str]:
     """The tags of the discriminated union whose value is at ``loc`` (``sampler``: the
     samplers' names), in the schema's order; ``[]`` where the value is no such union."""
     _, _, node = _walk(schema, loc)
@@ -84,6 +87,35 @@ def _walk(schema: dict, loc: tuple) -> tuple[list[str | int], list[str], dict | 
         else:
             node = None
     return out, sorted(fields), _unwrap(node, defs) if node is not None else None
+
+
+def tag_problem(schema: dict, err: dict, data: Any) -> dict[str, str]:
+    """A discriminated union's unknown or missing tag (pydantic's ``union_tag_invalid`` or
+    ``union_tag_not_found`` error ``err`` in ``data`` validated by ``schema``) as a problem
+    at the tag's own field (``sampler.name: unknown name 'tpee' ...``), with the names it
+    may take, instead of pydantic's words at the union's field."""
+    key = err["ctx"]["discriminator"].strip("'")
+    tags = _union_tags(schema, err["loc"])
+    loc = ".".join(filter(None, [field_path(schema, err["loc"], data), key]))
+    if err["type"] == "union_tag_not_found":
+        return {"loc": loc, "msg": f"required: one of {', '.join(tags)}"}
+    union = _value_at(data, err["loc"])
+    given = union.get(key) if isinstance(union, Mapping) else err["ctx"]["tag"]
+    if not isinstance(given, str):  # null, a number, a list: as the document has it
+        return {"loc": loc, "msg": f"must be a string, one of {', '.join(tags)}; got "
+                                   f"{json.dumps(given, default=str)}"}
+    return {"loc": loc, "msg": f"unknown {key} {given!r}{did_you_mean(given, tags)}; one of "
+                               f"{', '.join(tags)}"}
+
+
+def _value_at(data: Any, loc: tuple) -> Any:
+    """The value of ``data`` at a pydantic ``loc``, past the parts that are no key of it
+    (a union member's tag)."""
+    for part in loc:
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if in_list or (isinstance(data, Mapping) and part in data):
+            data = data[part]
+    return data
 
 
 def problems(found: list[dict], problem_of: Callable[[dict], dict[str, str]]

@@ -54,13 +54,10 @@ def _init_local(ray, num_cpus: int | None):
             if "timed out during startup" not in str(e):
                 raise
             ray.shutdown()
-            if attempt == START_TRIES:  # one line, as the service's own errors (no traceback)
-                print(f"ray_head: {e} Gave up after {START_TRIES} tries.", file=sys.stderr,
-                      flush=True)
-                raise SystemExit(1) from None
-            print(f"ray_head: {e} Trying again ({attempt + 1} of {START_TRIES}).",
-                  file=sys.stderr, flush=True)
-    raise AssertionError("unreachable")
+            then = (f"Trying again ({attempt + 1} of {START_TRIES})." if attempt < START_TRIES
+                    else f"Gave up after {START_TRIES} tries.")
+            print(f"ray_head: {e} {then}", file=sys.stderr, flush=True)
+    raise SystemExit(1) from None  # one line per try, as the service's own errors
 
 
 def _init(ray, num_cpus: int | None):
