@@ -165,8 +165,24 @@ def rekey_asha(scheduler: AsyncHyperBandScheduler, old: str, new: str) -> None:
                 recorded[new] = recorded.pop(old)
 
 
-def rekey_median(scheduler: MedianStoppingRule, old: str, trial) -> None:
-    """Give the results ``old`` had in a median rule to the Tune ``trial`` resuming it."""
+def rekey_median(scheduler: MedianStoppingRule, old: str, trial) -> bool:
+    """Give the results ``old`` had in a median rule to the Tune ``trial`` resuming it;
+    whether it had any (its first report then goes through :func:`drop_restored_repeat`)."""
     results = median_results(scheduler)
     if old in results:
         results[trial] = results.pop(old)
+        return True
+    return False
+
+
+def drop_restored_repeat(scheduler: MedianStoppingRule, trial, result: Mapping,
+                         time_attr: str) -> None:
+    """Before the median rule takes a resumed ``trial``'s first ``result``: where it is a
+    report of the restored last step again, the restored copy gives way. A trial resumed
+    with nothing left to train (its checkpoint at its last evaluation) reports that
+    evaluation again (``trainers.loop``: the new driver needs a final result); the rule
+    held it once more than one driver does (three times with its end, where an
+    uninterrupted trial's running mean holds it twice)."""
+    held = median_results(scheduler).get(trial)
+    if held and time_attr in result and held[-1].get(time_attr) == result[time_attr]:
+        held.pop()

@@ -26,6 +26,7 @@ from hpo.space import build_pruner
 from hpo.spec import StudySpec
 from hpo.tune.mo_asha import MultiObjectiveASHA
 from hpo.tune.restore import (
+    drop_restored_repeat,
     rekey_asha,
     rekey_median,
     restore_asha,
@@ -62,6 +63,7 @@ class RecordingScheduler(TrialScheduler):
         # TrialScheduler.__init__ only tags usage; ``inner`` did that for itself
         self.inner, self.record, self.label = inner, record, label
         self.removal_stops = removal_stops
+        self._resumed_median: set[str] = set()  # rekeyed, their first report not yet seen
 
     @property
     def metric(self):
@@ -81,10 +83,13 @@ class RecordingScheduler(TrialScheduler):
             old = restored_key(self.record.rung_key(trial.trial_id))  # keeps its past
             if isinstance(self.inner, AsyncHyperBandScheduler):
                 rekey_asha(self.inner, old, trial.trial_id)
-            else:
-                rekey_median(self.inner, old, trial)
+            elif rekey_median(self.inner, old, trial):
+                self._resumed_median.add(trial.trial_id)
 
     def on_trial_result(self, tune_controller, trial, result) -> str:
+        if trial.trial_id in self._resumed_median:  # its first report since the rekey
+            self._resumed_median.discard(trial.trial_id)
+            drop_restored_repeat(self.inner, trial, result, TIME_ATTR)
         known = self.record.knows(trial.trial_id)
         if known:
             self.record.result(trial.trial_id, result)

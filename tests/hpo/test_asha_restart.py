@@ -347,3 +347,49 @@ def test_a_trial_resumed_from_an_older_checkpoint_is_judged_as_the_first_time():
     rekey_asha(uncut, restored_key(1), "resumed")
     assert uncut.on_trial_result(None, trial, {"step": 9, "val_loss": 1.25}) == \
         TrialScheduler.STOP
+
+
+@pytest.mark.parametrize("checkpoint_at", [3, 2], ids=["at-its-last-step", "before-it"])
+def test_a_resumed_trial_holds_its_results_in_the_median_rule_as_one_driver_does(
+        checkpoint_at):
+    """A trial resumed with nothing left to train (its checkpoint at its last evaluation)
+    reports that evaluation again (``trainers.loop``); with the restored copy the median
+    rule held it three times with the trial's end, where one driver holds it twice (the
+    review's finding, reasoned in the eleventh session). Resumed before its last step,
+    its restored results stay and the later reports follow them."""
+    from hpo.tune.schedulers import RecordingScheduler
+
+    class Record:
+        def knows(self, trial_id):
+            return True
+
+        def rung_key(self, trial_id):
+            return 0
+
+        def result(self, trial_id, result):
+            pass
+
+        def decided(self, trial_id, decision, by):
+            pass
+
+    curve = {1: 3.0, 2: 2.5, 3: 2.25}
+    whole, trial = _median(), Trial("toy", stub=True, trial_id="t0")
+    trial.set_status(Trial.RUNNING)
+    whole.on_trial_add(None, trial)
+    for step, value in curve.items():
+        whole.on_trial_result(_Controller(), trial, {"step": step, "val_loss": value})
+    whole.on_trial_complete(None, trial, {"step": 3, "val_loss": 2.25})
+
+    inner = _median()
+    restore_median(inner, "step", "val_loss",
+                   [(0, {s: v for s, v in curve.items() if s <= checkpoint_at}, False)])
+    scheduler = RecordingScheduler(inner, Record(), "median", removal_stops=True)
+    resumed = Trial("toy", stub=True, trial_id="resumed")
+    resumed.set_status(Trial.RUNNING)
+    scheduler.on_trial_add(None, resumed)
+    # its one report: step 3 again (nothing left to train) or for the first time
+    scheduler.on_trial_result(_Controller(), resumed, {"step": 3, "val_loss": 2.25})
+    scheduler.on_trial_complete(None, resumed, {"step": 3, "val_loss": 2.25})
+    assert [(r["step"], r["val_loss"]) for r in median_results(inner)[resumed]] == [
+        (r["step"], r["val_loss"]) for r in median_results(whole)[trial]] == [
+        (1, 3.0), (2, 2.5), (3, 2.25), (3, 2.25)]
