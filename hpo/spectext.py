@@ -56,6 +56,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:  # a list or mapping as a key (``? [a, b]``): PyYAML's own
+                raise yaml.constructor.ConstructorError(  # check comes after ours
+                    "while constructing a mapping", node.start_mark,
+                    "found an unhashable key", key_node.start_mark) from None
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark)

@@ -326,6 +326,14 @@ def test_yaml_duplicate_keys_and_non_utf8_files_are_refused(tmp_path):
         load_spec(tmp_path / "latin1.yaml")
 
 
+@pytest.mark.parametrize("text", ["{[1]: 2}\n", "? [a, b]\n: 1\n",
+                                  "name: a\nconfig: {? {x: 1}: 2}\n"])
+def test_yaml_keys_that_are_lists_or_mappings_are_refused(tmp_path, text):
+    (tmp_path / "spec.yaml").write_text(text)
+    with pytest.raises(SpecError, match="unhashable key"):
+        load_spec(tmp_path / "spec.yaml")
+
+
 def test_yaml_base_60_numbers_are_text_as_in_yaml_1_2():
     """YAML 1.1's ``1:30`` is 90 to PyYAML, built in time quadratic in the number's length
     (a 400 KB ``1:1:...:1`` body cost 16 s of the server's CPU): here it is the text it

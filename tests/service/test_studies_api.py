@@ -124,7 +124,11 @@ _ALIAS_BOMB = "name: bomb\nconfig:\n  lr: [&a [x, x, x, x, x, x, x, x, x], [*a, 
     ("application/json", '{"name": "a", "name": "b"}', "duplicate key 'name'"),
     ("application/yaml", "name: a\nname: b\n", "duplicate key 'name'"),
     ("application/yaml", _ALIAS_BOMB, "aliases (*a) are not supported"),
-], ids=["deep-json", "deep-yaml", "huge-int", "duplicate-json", "duplicate-yaml", "alias"])
+    # a list or mapping as a key (the breaker: a TypeError before PyYAML's own check, 500)
+    ("application/yaml", "{[1]: 2}", "unhashable key"),
+    ("application/yaml", "name: a\nconfig:\n  ? {lr: 1}\n  : x\n", "unhashable key"),
+], ids=["deep-json", "deep-yaml", "huge-int", "duplicate-json", "duplicate-yaml", "alias",
+        "list-key", "mapping-key"])
 def test_bodies_that_would_exhaust_or_mislead_the_parser_answer_400(client, tokens, app, media,
                                                                       body, why):
     r = client.post("/v1/studies", content=body, headers={
