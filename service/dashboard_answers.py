@@ -1,0 +1,139 @@
+"""What the dashboard gate changes of optuna-dashboard's answers (:mod:`service.dashboard`).
+
+* A non-admin token's study list holds only its own studies (:func:`owned_studies`).
+* The answers that carry trials' user attributes (:data:`HIDING`) leave out the hidden
+  ones (the ``checkpoint`` server path) and show the others as ``/v1`` does.
+* A 5xx of optuna-dashboard is sent in the service's error shape (:class:`ServerErrors`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+
+from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
+
+Rewrite = Callable[[bytes], bytes]  # a 200 answer's body -> the body sent
+
+
+def owned_studies(owned: set[int], body: bytes) -> bytes:
+    """The ``/api/studies`` answer with only the studies in ``owned``."""
+    data = json.loads(body)
+    data["study_summaries"] = [s for s in data.get("study_summaries", [])
+                               if s.get("study_id") in owned]
+    return json.dumps(data).encode()
+
+
+def _public_value(key: str, value: str) -> str:
+    """A user attribute's value as the dashboard shows it, made public as ``/v1`` does
+    (:func:`service.schemas.public_attrs`: a ``fail_reason`` traceback becomes one line
+    without server paths)."""
+    return public_attrs({key: value}).get(key, value)
+
+
+def _hide_attrs_in_study(body: bytes) -> bytes:
+    """The ``/api/studies/ID`` answer without the trials' hidden user attributes
+    (:data:`service.schemas.HIDDEN_TRIAL_ATTRS`: the ``checkpoint`` server path), and
+    with their public values (a failed trial's ``fail_reason``), as ``/v1``."""
+    data = json.loads(body)
+    for trial in [*data.get("trials", []), *data.get("best_trials", [])]:
+        trial["user_attrs"] = [{**a, "value": _public_value(a.get("key"), a.get("value"))}
+                               for a in trial.get("user_attrs", [])
+                               if a.get("key") not in HIDDEN_TRIAL_ATTRS]
+    data["union_user_attrs"] = [a for a in data.get("union_user_attrs", [])
+                                if a.get("key") not in HIDDEN_TRIAL_ATTRS]
+    return json.dumps(data).encode()
+
+
+def _hide_attrs_in_csv(body: bytes) -> bytes:
+    """The ``/csv/ID`` answer without the columns of hidden user attributes, and with the
+    public values of the others (a failed trial's ``fail_reason``)."""
+    rows = list(csv.reader(io.StringIO(body.decode(), newline="")))
+    hidden = {f"UserAttribute {key}" for key in HIDDEN_TRIAL_ATTRS}
+    header = rows[0] if rows else []
+    keep = [i for i, name in enumerate(header) if name not in hidden]
+    keys = {i: name.removeprefix("UserAttribute ") for i, name in enumerate(header)
+            if name.startswith("UserAttribute ")}
+    out = io.StringIO()
+    csv.writer(out).writerows([header[i] for i in keep] if n == 0 else
+                              [_public_value(keys[i], row[i]) if i in keys and row[i] else row[i]
+                               for i in keep if i < len(row)]
+                              for n, row in enumerate(rows))
+    return out.getvalue().encode()
+
+
+def _public_hovertext(text: str) -> str:
+    """An Optuna plot's hover text (``optuna.visualization._utils._make_hovertext``: a
+    trial's number, values, params and user attributes as indented JSON, lines joined by
+    ``<br>``) with the user attributes as ``/v1`` shows them; any other text as it was."""
+    if "user_attrs" not in text:
+        return text
+    try:
+        data = json.loads(text.replace("<br>", "\n"))
+    except ValueError:
+        return text
+    if not isinstance(data, dict) or not isinstance(data.get("user_attrs"), dict):
+        return text
+    data["user_attrs"] = public_attrs(data["user_attrs"])
+    if not data["user_attrs"]:
+        del data["user_attrs"]
+    return json.dumps(data, indent=2).replace("\n", "<br>")
+
+
+def _public_strings(node):
+    if isinstance(node, str):
+        return _public_hovertext(node)
+    if isinstance(node, list):
+        return [_public_strings(v) for v in node]
+    if isinstance(node, dict):
+        return {k: _public_strings(v) for k, v in node.items()}
+    return node
+
+
+def _hide_attrs_in_plot(body: bytes) -> bytes:
+    """A ``/api/studies/ID/plot/KIND`` answer (a plotly figure) whose hover texts show the
+    trials' user attributes as ``/v1`` does (``timeline`` and ``pareto_front`` carry them)."""
+    data = json.loads(body)
+    if isinstance(data, dict):
+        data["data"] = _public_strings(data.get("data", []))
+    return json.dumps(data).encode()
+
+
+# the answers that carry trials' user attributes, rewritten for non-admin tokens
+HIDING: dict[str, Rewrite] = {
+    "/api/studies/<study_id:int>": _hide_attrs_in_study,
+    "/csv/<study_id:int>": _hide_attrs_in_csv,
+    "/api/studies/<study_id:int>/plot/<plot_type>": _hide_attrs_in_plot,
+}
+
+
+class Filter:
+    """Wraps ``send`` to send a 200 answer's body through ``rewrite``; with ``head``, sends
+    its headers (the rewritten body's ``content-length``) and no body."""
+
+    def __init__(self, send, rewrite: Rewrite, head: bool) -> None:
+        self._send = send
+        self.rewrite = rewrite
+        self.head = head
+        self.start: dict | None = None
+        self.chunks: list[bytes] = []
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+            return
+        if message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        self.chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        body = b"".join(self.chunks)
+        if self.start["status"] == 200:
+            body = self.rewrite(body)
+        headers = [(k, v) for k, v in self.start["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await self._send({**self.start, "headers": headers})
+        await self._send({"type": "http.response.body", "body": b"" if self.head else body})
