@@ -86,7 +86,8 @@ from starlette.responses import Response
 from service import dashboard_login, optuna_sql
 from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve, resolve_session
-from service.dashboard_answers import HIDING, Filter, Rewrite, owned_studies
+from service.dashboard_answers import HIDING, Filter, Rewrite, ServerErrors, owned_studies
+from service.dashboard_cache import StudyIdentities
 from service.dashboard_input import input_problem, study_exists, with_accept_encoding
 from service.db import StudyRow
 from service.errors import NotAuthenticated
@@ -175,6 +176,7 @@ class DashboardGate:
         self.app = WSGIMiddleware(bottle_app)
         self.sessions = sessions
         self.settings = settings
+        self.identities = StudyIdentities(bottle_app, sessions)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -190,14 +192,25 @@ class DashboardGate:
             answer = await self._check(request)
         if isinstance(answer, Response):
             await answer(scope, receive, send)
-        elif answer is not None:  # a rewrite of the answer's body
+            return
+        if answer is not None:  # a rewrite of the answer's body
             head = scope["method"] == "HEAD"
-            await self.app({**scope, "method": "GET"}, receive,
-                           Filter(send, answer, head).send)
+            scope = {**scope, "method": "GET"}
+            rewrite = functools.partial(_filtered, answer, head)
         else:
+            rewrite = None
             if scope["method"] not in dashboard_login.SAFE_METHODS:  # a note: its body, read
                 receive = replaying(await request.body(), receive)  # by the check, goes on
-            await self.app(scope, receive, send)
+        errors = ServerErrors(scope, send, functools.partial(self._gone, scope))
+        await errors.run(self.app, receive, rewrite)
+
+    async def _gone(self, scope) -> str | None:
+        """Why the study of the request's route is not there any more, or ``None``."""
+        route = self._route(scope["method"], scope["path"])
+        study_id = route.args.get("study_id") if isinstance(route, Route) else None
+        if study_id is not None and not await study_exists(self.sessions, study_id):
+            return f"no study with id {study_id}"
+        return None
 
     async def _check(self, request: Request) -> Response | Rewrite | None:
         """A refusal, a rewrite of the answer's body, or ``None`` to let it through."""
@@ -245,6 +258,8 @@ class DashboardGate:
             if route.args["study_id"] not in owned:
                 return error_response(404, "not_found",
                                       f"no study with id {route.args['study_id']}")
+        if "study_id" in route.args:  # SQLite reuses a deleted study's id
+            await self.identities.check(route.args["study_id"])
         return (await self._trial_refusal(route)
                 or await input_problem(route.rule, route.args, request, self.sessions) or hide)
 
@@ -324,3 +339,7 @@ class DashboardGate:
                 return set(optuna_sql.study_ids(session.connection(), names).values())
 
         return await run_in_threadpool(query)
+
+
+def _filtered(rewrite: Rewrite, head: bool, send):
+    return Filter(send, rewrite, head).send

@@ -11,9 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 
+from service.api_errors import error_response
 from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
+
+log = logging.getLogger(__name__)
 
 Rewrite = Callable[[bytes], bytes]  # a 200 answer's body -> the body sent
 
@@ -137,3 +141,54 @@ class Filter:
         headers.append((b"content-length", str(len(body)).encode()))
         await self._send({**self.start, "headers": headers})
         await self._send({"type": "http.response.body", "body": b"" if self.head else body})
+
+
+class ServerErrors:
+    """Runs optuna-dashboard's app so that its failures answer in the service's error shape.
+
+    A 5xx answer (Bottle's HTML error page, optuna-dashboard's ``{"reason": "internal
+    server error"}``), or an exception out of the app before it answered (Bottle hands
+    ``start_response`` the exception, which a2wsgi raises again: a CSV read of a study
+    deleted meanwhile), is answered 404 where ``gone()`` says the route's study no
+    longer exists (``KeyError: Record does not exist``), else 500 ``internal``; the
+    exception goes to the log, not into the answer.
+    """
+
+    def __init__(self, scope, send, gone: Callable[[], Awaitable[str | None]]) -> None:
+        self.scope, self._send, self.gone = scope, send, gone
+        self.failed = self.started = False
+
+    async def run(self, app, receive, send_wrapper=None) -> None:
+        """``app(scope, receive, send)``, its send through ``send_wrapper`` (a rewrite)
+        when given, then through this class."""
+        try:
+            await app(self.scope, receive, send_wrapper(self.send) if send_wrapper
+                      else self.send)
+        except Exception:
+            if self.started and not self.failed:  # its answer is on the way: nothing to do
+                raise
+            log.exception("dashboard: %s %s failed", self.scope["method"], self.scope["path"])
+            if not self.started:
+                await self._answer()
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 500:
+            self.failed = True
+            return
+        if not self.failed:
+            self.started = True
+            await self._send(message)
+            return
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            await self._answer()
+
+    async def _answer(self) -> None:
+        self.started = True
+        missing = await self.gone()
+        answer = (error_response(404, "not_found", missing) if missing else
+                  error_response(500, "internal", "internal error"))
+        await answer(self.scope, _nothing, self._send)
+
+
+async def _nothing() -> dict:
+    return {"type": "http.disconnect"}

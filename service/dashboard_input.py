@@ -2,16 +2,19 @@
 
 optuna-dashboard 0.21 answers some malformed requests with a 500 of its own shape
 (``{"reason": "internal server error"}``, a traceback in the log): a note whose body is
-not a JSON object (``request.json.get`` on a list or None), and the Pareto-front plot of a
-study without 2 or 3 objectives (``optuna.visualization.plot_pareto_front`` raises
-ValueError). The gate answers those 400, and a plot kind the dashboard lacks 404, in the
-service's error shape, naming the field; and it adds the ``Accept-Encoding`` header whose
-absence fails optuna-dashboard's static routes.
+not a JSON object (``request.json.get`` on a list or None) or is nested past Python's
+recursion limit, a study detail's ``after`` that is not an integer (``?after=x``; a
+negative one is a 400 of its own shape), and the Pareto-front plot of a study without 2
+or 3 objectives (``optuna.visualization.plot_pareto_front`` raises ValueError). The gate
+answers those 400, and a plot kind the dashboard lacks 404, in the service's error shape,
+naming the field; and it adds the ``Accept-Encoding`` header whose absence fails
+optuna-dashboard's static routes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
@@ -26,6 +29,8 @@ from service.api_errors import error_response
 PLOT_KINDS = ("contour", "edf", "parallel_coordinate", "pareto_front", "rank", "slice",
               "timeline")
 PLOT_RULE = "/api/studies/<study_id:int>/plot/<plot_type>"
+STUDY_RULE = "/api/studies/<study_id:int>"
+AFTER = re.compile(r"[0-9]{1,18}")  # ASCII: Bottle reads the query as Latin-1
 NOTE_RULES = frozenset({"/api/studies/<study_id:int>/note",
                         "/api/studies/<study_id:int>/<trial_id:int>/note"})
 _DIRECTIONS = sa.table("study_directions", sa.column("study_id"), sa.column("objective"))
@@ -41,6 +46,11 @@ async def input_problem(rule: str, args: dict, request: Request,
             return error_response(400, "bad_request", "one Content-Type header, not "
                                   f"{len(types)}")
         return _note_problem(await request.body(), types[0] if types else "")
+    if rule == STUDY_RULE:
+        for after in request.query_params.getlist("after"):
+            if not AFTER.fullmatch(after):
+                return error_response(400, "bad_request", "after: the number of trials the "
+                                      f"page has already, an integer >= 0; got {after!r}")
     if rule == PLOT_RULE:
         kind = args["plot_type"]
         if kind not in PLOT_KINDS:
@@ -63,6 +73,8 @@ def _note_problem(body: bytes, content_type: str) -> Response | None:
         note = json.loads(body.decode("utf-8"))  # take UTF-16 and a BOM)
     except (ValueError, UnicodeDecodeError):
         return error_response(400, "bad_request", "the body is not JSON in UTF-8")
+    except RecursionError:
+        return error_response(400, "bad_request", "the body is nested too deeply")
     if not isinstance(note, dict):
         return error_response(400, "bad_request", "the body must be a JSON object "
                               "{\"version\": int, \"body\": str}")

@@ -246,6 +246,7 @@ def test_admin_tokens_can_write_notes_through_the_dashboard(client, tokens, stud
     (b'{"version": 1}', "application/json", 400, "body"),
     (b'{"version": 1, "body": "x"}', "text/plain", 415, "application/json"),
     (b'{"version": 1, "body": "x"}', "", 415, "application/json"),
+    (b"[" * 200_000 + b"]" * 200_000, "application/json", 400, "nested too deeply"),
 ])
 def test_a_malformed_note_answers_4xx_in_the_error_shape_and_writes_nothing(
         client, tokens, studies, app, body, content_type, status, says):
