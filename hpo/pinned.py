@@ -1,7 +1,8 @@
 """The pinned versions of the libraries whose private names the code uses.
 
-``hpo.ray_private`` (Ray) and ``hpo.storage`` (Optuna) are the only modules
-that use a library's private names; each calls :func:`require` at import, so an
+``hpo.ray_private`` (Ray), ``hpo.storage`` (Optuna) and ``service.dashboard_cache``
+(optuna-dashboard) are the only modules that use a library's private names; each
+calls :func:`require` at import, so an
 upgrade fails there, loudly and in one place, rather than somewhere in a running
 study.
 """

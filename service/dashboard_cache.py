@@ -25,13 +25,18 @@ from __future__ import annotations
 import datetime as dt
 
 import bottle
+import optuna_dashboard
 import sqlalchemy as sa
 from optuna_dashboard import _importance
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from hpo.pinned import require
 from service import optuna_sql
 from service.db import StudyRow
+
+DASHBOARD_VERSION = "0.21.0"  # the optuna-dashboard whose private names are read here
+require("optuna-dashboard", optuna_dashboard.__version__, DASHBOARD_VERSION, __name__)
 
 Identity = tuple[str, dt.datetime | None]  # the Optuna study's name, the service's created_at
 

@@ -20,3 +20,11 @@ def test_another_version_refuses_the_import_naming_both():
 
 def test_the_storage_module_is_pinned_to_the_installed_optuna():
     assert storage.OPTUNA_VERSION == optuna.__version__ == "5.0.0"
+
+
+def test_the_dashboard_cache_module_is_pinned_to_the_installed_optuna_dashboard():
+    import optuna_dashboard
+
+    from service import dashboard_cache
+
+    assert dashboard_cache.DASHBOARD_VERSION == optuna_dashboard.__version__ == "0.21.0"
