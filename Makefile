@@ -39,8 +39,9 @@ lint: install
 
 # Everything, in 2 processes (pytest-xdist; each has its own local Ray when a test needs one):
 # the suite waits on Ray, servers and subprocesses about a third of the time on 2 cores.
+# The 25 slowest tests are listed at the end (the suite's time is theirs, mostly).
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25
 
 # The fast tier: lint and every test that needs neither Ray nor a server and is not marked
 # slow (markers in pyproject.toml, set from fixtures by tests/tiers.py), in 2 processes.
