@@ -54,6 +54,25 @@ def run_restarted_after_trial_0(spec, url: str, results_dir) -> list:
     return optuna.load_study(study_name=spec.name, storage=url).get_trials()
 
 
+class _Record:
+    """A study record that knows every trial, each the adoption of Optuna trial ``number``."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def knows(self, trial_id):
+        return True
+
+    def rung_key(self, trial_id):
+        return self.number
+
+    def result(self, trial_id, result):
+        pass
+
+    def decided(self, trial_id, decision, by):
+        pass
+
+
 def _asha() -> AsyncHyperBandScheduler:
     asha = AsyncHyperBandScheduler(time_attr="step", max_t=6, grace_period=1,
                                    reduction_factor=2)
@@ -198,23 +217,10 @@ def test_a_trial_a_new_driver_resumes_keeps_its_rung_values_under_its_new_id():
     had passed, against values that came after it)."""
     from hpo.tune.schedulers import RecordingScheduler
 
-    class Record:
-        def knows(self, trial_id):
-            return True
-
-        def rung_key(self, trial_id):
-            return 7  # the Optuna trial the new Tune trial adopted
-
-        def result(self, trial_id, result):
-            pass
-
-        def decided(self, trial_id, decision, by):
-            pass
-
     inner = _asha()
     restore_asha(inner, 6, [(7, {1: 3.0}, False), (8, {1: 1.0}, True), (9, {1: 2.0}, True)],
                  -1.0)
-    scheduler = RecordingScheduler(inner, Record(), "asha", removal_stops=True)
+    scheduler = RecordingScheduler(inner, _Record(7), "asha", removal_stops=True)
     trial = Trial("toy", stub=True, trial_id="resumed")
     trial.set_status(Trial.RUNNING)
     scheduler.on_trial_add(None, trial)
@@ -318,22 +324,9 @@ def test_a_trial_resumed_from_an_older_checkpoint_is_judged_as_the_first_time():
             whole.on_trial_complete(None, trial, {"step": 12, "val_loss": 1.2})
     assert decision == TrialScheduler.CONTINUE  # t1 at 9, uninterrupted
 
-    class Record:
-        def knows(self, trial_id):
-            return True
-
-        def rung_key(self, trial_id):
-            return 1
-
-        def result(self, trial_id, result):
-            pass
-
-        def decided(self, trial_id, decision, by):
-            pass
-
     inner = asha()
     restore_asha(inner, 12, [(0, t0, True), (1, {3: 1.5, 6: 1.33}, False)], -1.0)
-    resumed = RecordingScheduler(inner, Record(), "asha", removal_stops=True)
+    resumed = RecordingScheduler(inner, _Record(1), "asha", removal_stops=True)
     trial = Trial("toy", stub=True, trial_id="resumed")
     trial.set_status(Trial.RUNNING)
     resumed.on_trial_add(None, trial)
@@ -359,19 +352,6 @@ def test_a_resumed_trial_holds_its_results_in_the_median_rule_as_one_driver_does
     its restored results stay and the later reports follow them."""
     from hpo.tune.schedulers import RecordingScheduler
 
-    class Record:
-        def knows(self, trial_id):
-            return True
-
-        def rung_key(self, trial_id):
-            return 0
-
-        def result(self, trial_id, result):
-            pass
-
-        def decided(self, trial_id, decision, by):
-            pass
-
     curve = {1: 3.0, 2: 2.5, 3: 2.25}
     whole, trial = _median(), Trial("toy", stub=True, trial_id="t0")
     trial.set_status(Trial.RUNNING)
@@ -383,7 +363,7 @@ def test_a_resumed_trial_holds_its_results_in_the_median_rule_as_one_driver_does
     inner = _median()
     restore_median(inner, "step", "val_loss",
                    [(0, {s: v for s, v in curve.items() if s <= checkpoint_at}, False)])
-    scheduler = RecordingScheduler(inner, Record(), "median", removal_stops=True)
+    scheduler = RecordingScheduler(inner, _Record(0), "median", removal_stops=True)
     resumed = Trial("toy", stub=True, trial_id="resumed")
     resumed.set_status(Trial.RUNNING)
     scheduler.on_trial_add(None, resumed)
