@@ -104,11 +104,14 @@ def run(
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(1) from None
     from hpo.progress import LiveProgress
+    from hpo.taskcode import task_code
     from hpo.tune.driver import init_ray, run_study
 
     interrupted = threading.Event()
     try:
-        init_ray(ray_address, num_cpus)  # first: Ray takes SIGTERM's handler when it starts
+        # first, as run_study will join (with the task's code to ship, so that it does not
+        # join again): Ray takes SIGTERM's handler each time it starts
+        init_ray(ray_address, num_cpus, task_code(spec.task).runtime_env())
         handlers = {sig: signal.signal(sig, lambda *_: interrupted.set())
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:

@@ -7,6 +7,7 @@ service's warm driver call).
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -53,7 +54,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None,
     try:  # "local": a new Ray, never one that `ray start` left running on this machine
         ray.init(address=address or "local", num_cpus=None if address else num_cpus,
                  include_dashboard=False, configure_logging=True, logging_level="WARNING",
-                 log_to_driver=False, runtime_env=runtime_env)
+                 log_to_driver=False, runtime_env=copy.deepcopy(runtime_env))  # Ray
+        # rewrites it (py_modules become the uploaded packages' URIs): kept as asked, a
+        # second call with the same environment stays on this connection
     except RuntimeEnvSetupError as e:
         ray.shutdown()
         raise ClusterError(f"cannot ship the task's code to the Ray cluster: {e}") from e
