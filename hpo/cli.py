@@ -36,8 +36,12 @@ from hpo.task_cli import task_app
 
 app = typer.Typer(help="Hyperparameter optimization of PyTorch training: Optuna studies on "
                        "Ray Tune.", no_args_is_help=True, add_completion=False)
-err = Console(stderr=True, soft_wrap=True)  # one line per error or problem, however long
-out = Console(soft_wrap=True)  # lines stay whole when stdout is a file or pipe
+# soft_wrap: one line per error or problem, however long, and whole lines in a file or pipe;
+# no markup or emoji codes read in what is printed: trials' parameters, reasons and errors
+# are the users' text ("[/]" crashed rich, ":smile:" became an emoji); our own markup is
+# asked for where it is written (markup=True, the user's part escaped)
+err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)
+out = Console(soft_wrap=True, markup=False, emoji=False)
 MAX_LOCAL_CPUS = 100_000  # --num-cpus; Ray refuses more than 1e14 only after it started
 
 StorageOpt = Annotated[str, typer.Option(
@@ -53,7 +57,7 @@ def _group() -> None:
 
 
 def _fail_spec(e: SpecError) -> None:
-    err.print(f"\n[bold red]invalid spec[/] ({len(e.errors)} problem(s)):")
+    err.print(f"\n[bold red]invalid spec[/] ({len(e.errors)} problem(s)):", markup=True)
     for problem in e.errors:
         err.print(f"  {problem['loc'] or '<spec>'}: {problem['msg']}", markup=False)
     raise typer.Exit(2)
@@ -68,7 +72,8 @@ def _usable_dir(path: Path, flag: str) -> None:
             raise PermissionError(errno.EACCES, "not writable")
     except OSError as e:
         err.print(f"[bold red]error:[/] {flag} {escape(repr(printable(str(path))))} cannot be "
-                  f"used as a directory: {escape(str(e.strerror or e))}", highlight=False)
+                  f"used as a directory: {escape(str(e.strerror or e))}", highlight=False,
+                  markup=True)
         raise typer.Exit(2) from None
 
 
@@ -101,7 +106,7 @@ def run(
 
         open_storage(storage).engine.dispose()
     except HpoError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
         raise typer.Exit(1) from None
     from hpo.progress import LiveProgress
     from hpo.taskcode import task_code
@@ -128,7 +133,7 @@ def run(
     except SpecError as e:
         _fail_spec(e)
     except HpoError as e:
-        err.print(f"\n[bold red]error:[/] {escape(str(e))}")
+        err.print(f"\n[bold red]error:[/] {escape(str(e))}", markup=True)
         raise typer.Exit(1) from None
     c = result.counts
     if result.interrupted:
@@ -194,7 +199,7 @@ def worker(
         command = ray_start_command(address, num_gpus=num_gpus, num_cpus=num_cpus,
                                     resources=resources, block=block)
     except WorkerOptionError as e:
-        err.print(f"[bold red]error:[/] {e.flag}: {escape(str(e))}", highlight=False)
+        err.print(f"[bold red]error:[/] {e.flag}: {escape(str(e))}", highlight=False, markup=True)
         raise typer.Exit(2) from None
     if not os.environ.get("RAY_AUTH_TOKEN") and not Path.home().joinpath(
             ".ray", "auth_token").exists():

@@ -21,7 +21,7 @@ class LiveProgress:
 
     def __init__(self, n_trials: int, console: Console | None = None, max_hz: float = 4.0) -> None:
         self.n_trials = n_trials
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, markup=False, emoji=False)
         self.min_interval = 1.0 / max_hz
         self.last_draw = 0.0
         self.counts, self.best = Counts(), None

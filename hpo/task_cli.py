@@ -22,8 +22,9 @@ from hpo.scaffold import NAME_RULE
 
 task_app = typer.Typer(help="Bring your own task: scaffold a task package, check a task.",
                        no_args_is_help=True)
-err = Console(stderr=True, soft_wrap=True)  # one line, however long DIR is
-out = Console(soft_wrap=True, highlight=False)
+# one line, however long DIR is; no markup or emoji codes read in it (hpo.cli)
+err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)
+out = Console(soft_wrap=True, highlight=False, markup=False, emoji=False)
 
 
 @task_app.command("new")
@@ -45,7 +46,7 @@ def new(
     try:
         written = scaffold(name, directory, trainers.list_tasks())
     except ScaffoldError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
         raise typer.Exit(2) from None
     for path in written:
         out.print(f"wrote {path}", markup=False)

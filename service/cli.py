@@ -27,8 +27,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
-out = Console()
+# an error is one line, however long; no markup or emoji codes read in users' text (hpo.cli)
+err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)
+out = Console(markup=False, emoji=False)
 
 
 def _service_url(value: str) -> str:
@@ -177,7 +178,7 @@ def db_current() -> None:
 
 def _error(e: Exception | str, code: int) -> NoReturn:
     """Print ``e`` as the command's one-line error and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
     raise typer.Exit(code) from None
 
 
@@ -240,7 +241,8 @@ def _client(url: str, token: str | None):
 def _fail(e) -> None:
     """Print an ``ApiError`` and exit 2 (invalid input) or 1."""
     answer = f"{e.status} {e.code}" if e.status else f"no answer: {e.code}"
-    err.print(f"[bold red]error[/] ({escape(answer)}): {escape(str(e))}", highlight=False)
+    err.print(f"[bold red]error[/] ({escape(answer)}): {escape(str(e))}", highlight=False,
+              markup=True)
     for d in e.details:
         loc = d["loc"] or "<spec>"
         # a query parameter is the command's option of the same name (`hpo list --status`)
@@ -416,7 +418,8 @@ def _short(value) -> str:
 
 def _exit_for(study: dict) -> None:
     if study["status"] == "FAILED":
-        err.print(f"[bold red]study failed:[/] {escape(str(study['error']))}", highlight=False)
+        err.print(f"[bold red]study failed:[/] {escape(str(study['error']))}", highlight=False,
+                  markup=True)
         raise typer.Exit(1)
     if study["status"] == "STOPPED":
         raise typer.Exit(3)

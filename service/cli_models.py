@@ -50,7 +50,7 @@ def model(name: NameArg,
         _fail(e)
     except OSError as e:
         err.print(f"[bold red]error:[/] cannot write {escape(str(output or 'the model file'))}: "
-                  f"{escape(str(e.strerror))}", highlight=False)
+                  f"{escape(str(e.strerror))}", highlight=False, markup=True)
         raise typer.Exit(1) from None
     finally:
         client.close()

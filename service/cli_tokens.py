@@ -101,7 +101,7 @@ def token_list() -> None:
         table.add_row(t.name, t.role, _when(t.created_at), _when(t.last_used_at), expires,
                       _when(t.revoked_at), t.quota.describe())
     # a pipe or a test gets every column on one line; a terminal wraps to its width
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False).print(table)
 
 
 def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")]) -> None:

@@ -90,3 +90,30 @@ def test_serve_names_the_port_flag_for_a_port_out_of_range(port):
                                 env={"COLUMNS": "1000"})
     assert result.exit_code == 2, result.output
     assert "--port" in result.output and "HPO_PORT must" not in result.output
+
+
+HOSTILE_TEXT = ["[/]", "[b]x[/b]", ":smile:", "a:b:c", "[link=x]y"]  # short: no cell wraps
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+@pytest.mark.parametrize("command", ["status", "best", "trials"])
+def test_users_text_is_printed_as_it_is_never_as_markup_or_emoji(monkeypatch, command, text):
+    """helper-32: a categorical choice or a failure's reason with ``[/]`` crashed ``hpo
+    status``, ``best`` and ``trials`` (rich's MarkupError), other brackets vanished, and
+    ``:smile:`` became an emoji."""
+    study = {**_study([], 1, [{"number": 0, "values": [0.5], "params": {"tag": text}}]),
+             "status": "FAILED", "error": f"the driver failed: {text}"}
+    page = {"total": 1, "items": [{"number": 0, "state": "FAIL", "value": None,
+                                   "params": {"tag": text},
+                                   "user_attrs": {"fail_reason": f"ValueError: {text}"}}]}
+    monkeypatch.setattr(Client, "study", lambda self, name: study)
+    monkeypatch.setattr(Client, "trials", lambda self, name, offset, limit: page)
+    result = CliRunner().invoke(hpo.cli.app, [command, "s"],
+                                env={"HPO_TOKEN": "hpo_x", "COLUMNS": "1000"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    shown = {"status": f"the driver failed: {text}", "best": f"tag = {text!r}",
+             "trials": f"tag={text}"}[command]
+    assert shown in result.output
+    if command == "trials":
+        assert f"ValueError: {text}" in result.output
