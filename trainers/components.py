@@ -85,6 +85,29 @@ def _total_steps(config: TrainConfig, updates_per_epoch: int) -> int:
     return max(1, min(limits))
 
 
+def resumed_total_steps(config: TrainConfig, samples_per_rank: int, step: int, epoch: int,
+                        position: int) -> int:
+    """Optimizer updates of a run resumed at update ``step``, ``position`` samples into its
+    epoch ``epoch`` (0-based), if nothing stops it early: the updates made, then the rest
+    of this epoch and the later ones counted under ``config``'s micro-batch size and
+    accumulation (the smaller with ``max_updates``).
+
+    What the schedule spans when a resume changed those sizes (PBT's exploit of a
+    ``micro_batch_size``, ``trainers --resume --grad-accum-steps``): counted from zero
+    under the new sizes instead, the span could end before the step the run resumed
+    at, and the LR was 0 from there on (helper-32's finding).
+    """
+    per_epoch = n_updates_per_epoch(samples_per_rank, config.micro_batch_size,
+                                    config.grad_accum_steps)
+    limits = [] if config.max_updates is None else [config.max_updates]
+    if config.max_epochs is not None:
+        rest = n_updates_per_epoch(max(0, samples_per_rank - position),
+                                   config.micro_batch_size, config.grad_accum_steps)
+        later = max(0, config.max_epochs - epoch - 1) * per_epoch
+        limits.append(step + (rest + later if epoch < config.max_epochs else 0))
+    return max(1, min(limits))
+
+
 def planned_updates(task: Task, config: TrainConfig, world_size: int = 1) -> int:
     """Optimizer updates a run of ``config`` makes if nothing stops it early.
 

@@ -12,10 +12,11 @@ import dataclasses
 from typing import Any
 
 from trainers import checkpoint as ckpt
-from trainers.components import Run
+from trainers.components import Run, resumed_total_steps
 from trainers.ema import EMA
 from trainers.errors import CheckpointError
 from trainers.fields import to_dict
+from trainers.schedules import schedule_factor
 
 CHECKPOINT_FORMAT = 1
 
@@ -153,6 +154,7 @@ def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Re
     last_eval = tuple(saved["last_eval"]) if saved.get("last_eval") else None
     restored = Restored(Window(**window) if window else Window(),
                         list(saved.get("history") or []), last_eval)
+    respan_schedule(run, saved["config"], trainer)
     apply_config_hyperparameters(run)
     for key, value in trainer.items():
         setattr(state, key, value)
@@ -162,6 +164,21 @@ def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Re
     if rng is not None and len(rng) == run.dist.world_size:
         ckpt.restore_rng(rng[run.dist.rank])
     return restored
+
+
+def respan_schedule(run: Run, saved_config: dict[str, Any], trainer: dict[str, Any]) -> None:
+    """Where the resume changed the micro-batch size or the accumulation, the schedule (and
+    ``run.total_steps``, the ``planned_updates`` reported) spans the updates made plus
+    those left under the new sizes (:func:`trainers.components.resumed_total_steps`);
+    otherwise it is the one built, so a resume of the same config goes on bit for bit."""
+    c = run.config
+    sizes = (saved_config.get("micro_batch_size"), saved_config.get("grad_accum_steps"))
+    if sizes == (c.micro_batch_size, c.grad_accum_steps):
+        return
+    run.total_steps = resumed_total_steps(c, run.samples_per_rank, trainer["step"],
+                                          trainer["epoch"], trainer["position"])
+    run.scheduler.lr_lambdas = [schedule_factor(c, run.total_steps)
+                                for _ in run.optimizer.param_groups]
 
 
 def apply_config_hyperparameters(run: Run) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -79,7 +80,13 @@ def build_scheduler(
         config: provides schedule, warmup_steps, min_lr_ratio, wsd_decay_fraction.
         total_steps: total optimizer updates of the run (>= 1).
     """
-    factor = functools.partial(
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(config, total_steps))
+
+
+def schedule_factor(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    """:func:`lr_factor` of ``config``'s schedule over ``total_steps`` updates (>= 1), as a
+    function of the completed updates (``LambdaLR``'s ``lr_lambda``)."""
+    return functools.partial(
         lr_factor,
         schedule=config.schedule,
         total_steps=total_steps,
@@ -87,4 +94,3 @@ def build_scheduler(
         min_lr_ratio=config.min_lr_ratio,
         wsd_decay_fraction=config.wsd_decay_fraction,
     )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -640,3 +640,30 @@ def test_a_run_resumed_into_another_runs_directory_never_marks_that_runs_checkpo
                  resume_from=a / "checkpoint-00000004")
     assert (result.best_step, result.best_value) == (2, 1.0)
     assert json.loads((b / "best.json").read_text()) == before  # not B's step 2
+
+
+@pytest.mark.parametrize(("stop_at", "sizes", "planned"), [
+    # 64 samples, 4 updates an epoch (8 x 2), 4 epochs: 16 updates uninterrupted
+    (3, dict(micro_batch_size=16, grad_accum_steps=2), 10),  # 3 + 1 (this epoch) + 3 x 2
+    (4, dict(micro_batch_size=16, grad_accum_steps=2), 10),  # at an epoch's end: 4 + 3 x 2
+    (3, dict(micro_batch_size=8, grad_accum_steps=1), 29),   # 3 + 2 + 3 x 8
+    (4, dict(micro_batch_size=8, grad_accum_steps=1), 28),   # 4 + 3 x 8
+    (3, dict(micro_batch_size=4, grad_accum_steps=4), 16),   # other sizes, as many updates
+], ids=["bigger-batches-mid-epoch", "bigger-batches-epoch-end", "no-accumulation-mid-epoch",
+        "no-accumulation-epoch-end", "same-updates"])
+def test_a_resume_with_other_batch_sizes_spans_the_schedule_over_what_is_left(
+        tmp_path, stop_at, sizes, planned):
+    """helper-32: resumed with another micro-batch size or accumulation (PBT's exploit of
+    micro_batch_size), the schedule was counted from zero under the new sizes while the
+    step went on: 2 x 4 epochs = 8 planned updates at step 10, and an LR of 0 from there.
+    Now it spans the updates made and those left; every update has an LR above 0."""
+    config = dict(max_updates=None, max_epochs=4, schedule="cosine", min_lr_ratio=0.0)
+    fit(RegressionTask(OPTIONS), _config(tmp_path, **config), StopAt(stop_at))
+    after = ListReporter()
+    result = fit(RegressionTask(OPTIONS), _config(tmp_path, **config, **sizes), after,
+                 resume_from=tmp_path)
+    assert result.n_updates == planned
+    assert {r["planned_updates"] for r in after.reports} == {planned}
+    # the LR of the next update (the last report's is the schedule's end: 0)
+    assert all(r["lr"] > 0 for r in after.reports if r["step"] < planned)
+    assert after.reports[-1]["step"] == planned and result.stop_reason == "max_epochs"
