@@ -61,6 +61,8 @@ def _bounded(text: str, limit: int = 1000) -> str:
 
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
 _RAY_HEAD = "ray::"  # Ray writes its worker's header (pid, node IP) in place of _TRACEBACK_HEAD
+# Tune's header of a trial's error.txt: what follows says what failed
+_TUNE_HEAD = re.compile(r"Failure # \d+ \(occurred at [^)]*\)")
 _CHAINED = ("The above exception was the direct cause of the following exception:",
             "During handling of the above exception, another exception occurred:")
 # OverflowError: ..., RayTaskError(OverflowError): ...; never "ray::Impl.train() (pid=...)"
@@ -87,7 +89,8 @@ def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> s
            for line in lines):
         line = _exception_line(lines)
     else:
-        plain = [line for line in lines if not line.startswith(_RAY_HEAD)] or lines
+        plain = [line for line in lines if not line.startswith(_RAY_HEAD)
+                 and not _TUNE_HEAD.fullmatch(line.strip())] or lines
         line = (plain[-1] if from_end else plain[0]).strip() if plain else ""
     line = _PATH.sub("<path>", _URL.sub(lambda m: f"{m.group(1)}://...", line))
     if len(line) > limit:

@@ -118,3 +118,15 @@ def test_public_message_of_a_ray_task_error_is_the_trials_exception_not_rays_hea
 ])
 def test_public_message_never_answers_rays_header_line(text):
     assert public_message(text) == "ValueError: x"
+
+
+def test_a_dead_workers_failure_says_what_happened_not_tunes_header():
+    """helper-32: a trial whose worker process died (os._exit, an OOM kill) had the
+    fail_reason 'Failure # 1 (occurred at ...)', Tune's header line of its error file."""
+    text = ("Failure # 1 (occurred at 2026-12-07_14-32-06)\n"
+            "The actor died unexpectedly before finishing this task.\n"
+            "\tclass_name: ImplicitFunc\n\tpid: 4242\n"
+            "The actor is dead because its worker process has died. Worker exit type: "
+            "SYSTEM_ERROR\n")
+    assert public_message(text) == "The actor died unexpectedly before finishing this task."
+    assert public_message("Failure # 3 (occurred at x)") == "Failure # 3 (occurred at x)"
