@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from trainers import checkpoint as ckpt
 from trainers.config import TrainConfig
+from trainers.data import strict_json
 from trainers.distributed import close_distributed, init_distributed_from_env
 from trainers.errors import (
     CheckpointWriteError,
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_summary(summary)
         if args.summary_json:
             try:
-                args.summary_json.write_text(json.dumps(summary, indent=1))
+                args.summary_json.write_text(strict_json(summary, indent=1))
             except OSError as e:  # checked before training, but the disk may have changed
                 print(printable(f"cannot write --summary-json {args.summary_json}: {e}"),
                       file=sys.stderr)

@@ -22,10 +22,12 @@ Tensor shape legend: B batch, T time (tokens).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -235,3 +237,20 @@ def write_atomically(path: Path, data: bytes | str, durable: bool = True) -> Non
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def strict_json(data: Any, **dumps_options: Any) -> str:
+    """``data`` as standard JSON: a non-finite float (NaN, +-inf; a diverged run's loss)
+    becomes ``null``, where ``json.dumps`` writes ``NaN`` and ``Infinity``, which JSON
+    readers (``jq``, browsers, other languages) refuse."""
+    return json.dumps(_finite(data), allow_nan=False, **dumps_options)
+
+
+def _finite(node: Any) -> Any:
+    if isinstance(node, float) and not math.isfinite(node):
+        return None
+    if isinstance(node, dict):
+        return {k: _finite(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_finite(v) for v in node]
+    return node

@@ -20,7 +20,6 @@ a key that is not a name in quotes.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 from trainers.cli import ArgumentParser, shown_name
 from trainers.config import TrainConfig
+from trainers.data import strict_json
 from trainers.errors import (
     CheckpointError,
     ConfigError,
@@ -112,5 +112,5 @@ def main(argv: Sequence[str]) -> int:
     except TrainersError as e:
         print(printable(f"evaluation failed: {e}"), file=sys.stderr)
         return 1
-    print(json.dumps(metrics), flush=True)
+    print(strict_json(metrics), flush=True)
     return 0

@@ -332,3 +332,17 @@ def test_evaluate_prints_a_files_weight_names_and_a_path_escaped(tmp_path):
     assert proc.stderr.splitlines()[-1] == (
         f"trainers evaluate: error: no such model file: {tmp_path}/\\x1b[31m.pt")
     assert "\x1b" not in proc.stderr
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_metric_is_printed_as_json_null(tmp_path, monkeypatch, value):
+    """helper-32: a diverged model's NaN loss was printed as ``NaN``, which no JSON reader
+    takes (the README promises one JSON object)."""
+    import trainers.evaluate
+
+    monkeypatch.setattr(trainers.evaluate, "evaluate_model",
+                        lambda model, given: {"val_loss": value, "val_accuracy": 0.5})
+    proc = run_main("evaluate", str(_digits_file(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout, parse_constant=pytest.fail) == {
+        "val_loss": None, "val_accuracy": 0.5}
