@@ -69,7 +69,23 @@ _CHAINED = ("The above exception was the direct cause of the following exception
 _EXCEPTION_LINE = re.compile(r"^(?![\w.]*::)[A-Za-z_][\w.]*(\([\w.]+\))?(:|$)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray colours its trial errors
 _URL = re.compile(r"\b([A-Za-z][\w+.-]*)://\S*")
-_PATH = re.compile(r"(?<![\w.:/~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*")
+# an absolute path, also after a label ("file:/srv/x"), or one that climbs ("../../etc/x")
+_PATH = re.compile(r"(?<![\w./~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*"
+                   r"|(?<![\w./~-])(?:\.\./)+[^\s'\"`,;:()\[\]{}<>]*")
+_USERINFO = re.compile(r"(?<![\w/@])[\w.%+-]+:[^\s@/:]+@(?=[\w.-])")  # user:password@host
+# a service token anywhere (also after an escape like %22 or _, or with its _ escaped as
+# %5F), a bearer credential (also Bearer%20...), a token= query value (also token%3D...),
+# and a password, secret or key given as name=value or name: value
+SECRET = re.compile(r"(?P<keep>token(?:=|%3D)|Bearer(?:\s|%20|\+)+"
+                    r"|(?:password|passwd|secret|api[_-]?key|access[_-]?key)(?:=|%3D|:\s*))"
+                    r"[^&\s\"',]+"
+                    r"|hpo(?:_|%5F)[A-Za-z0-9_\-]{20,}", re.IGNORECASE)
+
+
+def hide_secrets(text: str) -> str:
+    """``text`` with the secrets :data:`SECRET` matches replaced by ``<hidden>`` (the name
+    before a value is kept: ``password=<hidden>``)."""
+    return SECRET.sub(lambda m: (m.group("keep") or "") + "<hidden>", text)
 
 
 def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> str:
@@ -81,8 +97,10 @@ def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> s
     and node IP), otherwise the first non-empty line (the last with
     ``from_end``, for the tail of a log). Terminal colour codes are dropped,
     file paths become ``<path>``, URLs (which may carry a password)
-    ``scheme://...``; at most ``limit`` characters. The full text belongs in a
-    log (issue 11: a study's ``error`` carried a server traceback).
+    ``scheme://...``, and secrets ``<hidden>`` (:func:`hide_secrets`, and the
+    ``user:password@`` of an address without a scheme); at most ``limit``
+    characters. The full text belongs in a log (issue 11: a study's ``error``
+    carried a server traceback).
     """
     lines = [line.rstrip() for line in _ANSI.sub("", text).splitlines() if line.strip()]
     if any(line.strip() == _TRACEBACK_HEAD or line.lstrip().startswith('File "')
@@ -93,6 +111,7 @@ def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> s
                  and not _TUNE_HEAD.fullmatch(line.strip())] or lines
         line = (plain[-1] if from_end else plain[0]).strip() if plain else ""
     line = _PATH.sub("<path>", _URL.sub(lambda m: f"{m.group(1)}://...", line))
+    line = hide_secrets(_USERINFO.sub("<hidden>@", line))
     if len(line) > limit:
         line = line[:limit - 3] + "..."
     return line or "no message"

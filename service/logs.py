@@ -25,6 +25,8 @@ import sys
 import uuid
 from urllib.parse import quote, unquote
 
+from hpo.errors import SECRET, hide_secrets
+
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONTEXT = ("request_id", "study", "trial")
@@ -33,10 +35,6 @@ request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request
                                                                         default=None)
 _bound: dict[str, object] = {}  # process-wide context (a driver process's study)
 
-# a token anywhere (also after an escape like %22 or _, or with its _ escaped as %5F), a
-# bearer credential (also Bearer%20...) and a token= query value (also token%3D...)
-SECRET = re.compile(r"(?P<keep>token(?:=|%3D)|Bearer(?:\s|%20|\+)+)[^&\s\"',]+"
-                    r"|hpo(?:_|%5F)[A-Za-z0-9_\-]{20,}", re.IGNORECASE)
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # what may break or paint a line
 REQUEST_ID = re.compile(r"[A-Za-z0-9._\-]{1,64}")
 
@@ -49,19 +47,15 @@ def redact(text: str) -> str:
     secret, it is logged decoded, with its control characters escaped again (``%0A``,
     ``%1B``): one request, one log line, no terminal escapes.
     """
-    out = SECRET.sub(_hidden, text)
+    out = hide_secrets(text)
     decoded = out
     for _ in range(3):  # escapes of escapes, a few levels
         if "%" not in decoded or (again := unquote(decoded)) == decoded:
             break
         decoded = again
-        if (hidden := SECRET.sub(_hidden, decoded)) != decoded:
+        if (hidden := hide_secrets(decoded)) != decoded:
             return CONTROL.sub(lambda m: quote(m.group(), safe=""), hidden)
     return out
-
-
-def _hidden(m: re.Match) -> str:
-    return (m.group("keep") or "") + "<hidden>"
 
 
 def bind(**context: object) -> None:
@@ -134,6 +128,8 @@ def configure(log_format: str = "text", level: int = logging.INFO, stream=None) 
     if log_format not in LOG_FORMATS:
         raise ValueError(f"HPO_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, "
                          f"got {log_format!r}")
+    if not getattr(logging.getLogRecordFactory(), "redacts", False):
+        logging.setLogRecordFactory(_redacting(logging.getLogRecordFactory()))
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(ContextAndRedaction())
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(TEXT_FORMAT))
@@ -145,6 +141,29 @@ def configure(log_format: str = "text", level: int = logging.INFO, stream=None) 
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # theirs go to the root's
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
+
+
+def _redacting(factory):
+    """``factory`` (logging's record factory), its records' message and traceback redacted
+    as they are made: records of loggers with handlers of their own go past the root's
+    filter. Ray's do (its ``ray`` logger does not propagate): a study driver's log held
+    the service token and bearer credential of a trial's error in Ray Tune's own 'Trial
+    task failed' traceback (helper-32's finding)."""
+    plain = logging.Formatter()
+
+    def make(*args, **kwargs) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit: logging reports it
+            return record
+        record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:  # what a formatter prints: its cache
+            record.exc_text = redact(plain.formatException(record.exc_info))
+        return record
+
+    make.redacts = True
+    return make
 
 
 class RequestId:

@@ -130,3 +130,26 @@ def test_a_dead_workers_failure_says_what_happened_not_tunes_header():
             "SYSTEM_ERROR\n")
     assert public_message(text) == "The actor died unexpectedly before finishing this task."
     assert public_message("Failure # 3 (occurred at x)") == "Failure # 3 (occurred at x)"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("RuntimeError: cannot open the store, password=hunter2 retrying",
+     "RuntimeError: cannot open the store, password=<hidden> retrying"),
+    ("ValueError: token hpo_abcdef0123456789abcdef0123 refused",
+     "ValueError: token <hidden> refused"),
+    ("KeyError: 'Authorization: Bearer sk-live-XYZ'",
+     "KeyError: 'Authorization: Bearer <hidden>'"),
+    ("OSError: api_key: s3cr3t and secret=abc", "OSError: api_key: <hidden> and secret=<hidden>"),
+    ("ConnectionError: user:pw@db.internal:5432/app",
+     "ConnectionError: <hidden>@db.internal:5432/app"),
+    ("OSError: cannot read file:/srv/x/y", "OSError: cannot read file:<path>"),
+    ("OSError: cannot read path:/home/u/data", "OSError: cannot read path:<path>"),
+    ("FileNotFoundError: ../../etc/shadow", "FileNotFoundError: <path>"),
+    ("ValueError: ratio 10:30 and a/b and 3/4", "ValueError: ratio 10:30 and a/b and 3/4"),
+    ("see https://user:pw@example.com/x", "see https://..."),
+])
+def test_public_message_hides_secrets_and_paths_in_their_other_forms(text, expected):
+    """helper-32: a trial's fail_reason (shown to viewers too) kept a password, a service
+    token and a bearer credential of the task's error, and paths after a label or climbing
+    with ``..``."""
+    assert public_message(text) == expected

@@ -20,7 +20,7 @@ from tests.service.conftest import bearer
 def captured():
     stream = io.StringIO()
     root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
+    saved = (list(root.handlers), root.level, logging.getLogRecordFactory())
     logs.configure("json", stream=stream)
     yield stream
     for handler in list(root.handlers):
@@ -28,6 +28,7 @@ def captured():
     for handler in saved[0]:
         root.addHandler(handler)
     root.setLevel(saved[1])
+    logging.setLogRecordFactory(saved[2])
     logs._bound.clear()
 
 
@@ -197,7 +198,7 @@ def test_a_line_without_a_secret_keeps_its_escapes():
 def test_text_tracebacks_hide_tokens_too():
     stream = io.StringIO()
     root = logging.getLogger()
-    saved = list(root.handlers)
+    saved, factory = list(root.handlers), logging.getLogRecordFactory()
     token = "hpo_" + "x" * 43
     try:
         logs.configure("text", stream=stream)
@@ -210,5 +211,34 @@ def test_text_tracebacks_hide_tokens_too():
             root.removeHandler(handler)
         for handler in saved:
             root.addHandler(handler)
+        logging.setLogRecordFactory(factory)
     assert "ValueError: Bearer <hidden>" in stream.getvalue()
     assert token not in stream.getvalue()
+
+
+def test_loggers_with_handlers_of_their_own_hide_secrets_too(captured):
+    """helper-32: Ray's ``ray`` logger has its own handler and does not propagate, so the
+    root's filter never saw Ray Tune's 'Trial task failed' traceback, which carried the
+    trial's error text with a service token and a bearer credential."""
+    token = "hpo_" + "y" * 43
+    own = io.StringIO()
+    logger = logging.getLogger("ray.tune.test_own_handler")
+    handler = logging.StreamHandler(own)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        try:
+            raise RuntimeError(f"password=hunter2 token {token} Bearer sk-live-XYZ")
+        except RuntimeError as e:
+            logger.error("Trial task failed: %s", e, exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    text = own.getvalue()
+    assert text.startswith("ERROR ray.tune.test_own_handler: Trial task failed: "
+                           "password=<hidden> token <hidden> Bearer <hidden>\n")
+    assert "RuntimeError: password=<hidden>" in text
+    for secret in (token, "hunter2", "sk-live-XYZ"):
+        assert secret not in text
+
