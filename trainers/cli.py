@@ -110,7 +110,12 @@ def build_parser(task_name: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no per-evaluation progress lines")
     _add_fields(parser.add_argument_group("training (TrainConfig)"), describe(TrainConfig))
     if task_name is not None:
-        task_cls = get_task(task_name)
+        try:
+            task_cls = get_task(task_name)
+        except UnknownTaskError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an installed task's module runs any code
+            parser.error(f"task {task_name!r} cannot be loaded: {type(e).__name__}: {e}")
         _add_fields(parser.add_argument_group(f"task {task_name!r} options"), task_cls.fields())
     return parser
 

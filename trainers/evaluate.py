@@ -112,5 +112,8 @@ def main(argv: Sequence[str]) -> int:
     except TrainersError as e:
         print(printable(f"evaluation failed: {e}"), file=sys.stderr)
         return 1
+    except Exception as e:  # noqa: BLE001 - the task's own code (its import, its metrics)
+        print(printable(f"evaluation failed: {type(e).__name__}: {e}"), file=sys.stderr)
+        return 1
     print(strict_json(metrics), flush=True)
     return 0

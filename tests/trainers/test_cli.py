@@ -201,3 +201,22 @@ def test_a_failed_training_prints_its_message_escaped(monkeypatch):
     proc = run_main("digits", "--quiet")
     assert proc.returncode == 1
     assert proc.stderr == "training failed: checkpoint 'x\\x1b[2J' is broken\\nforged line\n"
+
+
+@pytest.mark.parametrize("error", [SyntaxError("invalid syntax (broken.py, line 3)"),
+                                   ImportError("No module named 'missing_dependency'"),
+                                   TypeError("'os:system' is not a trainers Task subclass")])
+def test_a_task_that_cannot_be_loaded_is_one_line_naming_it(monkeypatch, error):
+    """helper-32: an installed task whose module has a syntax error, misses a dependency
+    or names no Task ended ``trainers TASK`` with a traceback; now exit 2, as for a bad
+    task name."""
+    import trainers.cli
+
+    def broken(name):
+        raise error
+
+    monkeypatch.setattr(trainers.cli, "get_task", broken)
+    proc = run_main("brk-task", "--max-epochs", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"trainers: error: task 'brk-task' cannot be loaded: {type(error).__name__}: {error}")

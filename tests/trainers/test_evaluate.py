@@ -346,3 +346,19 @@ def test_a_non_finite_metric_is_printed_as_json_null(tmp_path, monkeypatch, valu
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout, parse_constant=pytest.fail) == {
         "val_loss": None, "val_accuracy": 0.5}
+
+
+@pytest.mark.parametrize("error", [KeyError("val_r2"), SyntaxError("invalid syntax"),
+                                   RuntimeError("the task's own bug")])
+def test_a_failure_in_the_tasks_own_code_is_one_line_and_exit_1(tmp_path, monkeypatch, error):
+    """helper-32: a task whose module does not import, or whose metrics raise, ended
+    ``trainers evaluate`` with a traceback, where the README promises one line."""
+    import trainers.evaluate
+
+    def fails(model, given):
+        raise error
+
+    monkeypatch.setattr(trainers.evaluate, "evaluate_model", fails)
+    proc = run_main("evaluate", str(_digits_file(tmp_path)))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == f"evaluation failed: {type(error).__name__}: {error}\n"
