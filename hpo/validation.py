@@ -393,16 +393,23 @@ def check_budgets(spec: StudySpec) -> None:
     request thread nor inside ``parse_spec``.
 
     Raises:
-        SpecError: ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, a
+        SpecError: the task's training or validation set is empty with the spec's config
+            (every trial would fail: helper-32 saw a study accepted and each of its
+            trials fail), ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, a
             ``reduction_factor`` that makes more than :data:`hpo.algorithms.MAX_RUNGS`
             rungs up to ``max_t`` (ASHA, MO-ASHA, Hyperband), or a PBT/PB2
             ``perturbation_interval`` not below the trials' planned updates.
     """
+    task, config = trainers.create(spec.task, spec.config)
+    for name, dataset in zip(("training", "validation"), task.datasets(config.seed),
+                             strict=True):
+        if len(dataset) == 0:
+            raise SpecError.at("task", f"task {spec.task!r} gives an empty {name} set with "
+                               "this config: every trial would fail")
     s = spec.scheduler
     if s.name not in ("asha", "mo-asha", "hyperband", *POPULATION_SCHEDULERS) or (
             s.name == "hyperband" and s.max_t is not None):  # judged by parse_spec already
         return
-    task, config = trainers.create(spec.task, spec.config)
     planned = trainers.planned_updates(task, config)
     if s.name in ("asha", "mo-asha", "hyperband"):
         max_t = s.max_t or planned

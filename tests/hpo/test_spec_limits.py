@@ -189,3 +189,28 @@ def test_the_rungs_up_to_the_planned_updates_are_counted_when_the_study_starts(n
     assert [e["loc"] for e in info.value.errors] == ["scheduler.reduction_factor"]
     assert "rungs from 1 to the trials' planned updates (23): at most 100" in \
         info.value.errors[0]["msg"]
+
+
+@pytest.mark.parametrize("empty", ["training", "validation"])
+@pytest.mark.parametrize("scheduler", ["fifo", "asha", "median"])
+def test_a_task_with_an_empty_dataset_is_refused_when_the_study_starts(
+        monkeypatch, empty, scheduler):
+    """helper-32: a task whose training set was empty was accepted, and every trial then
+    failed on it; the study now fails at its start naming the task."""
+    from hpo.validation import check_budgets
+    from tests.hpo.test_driver import toy_spec
+    from tests.hpo.toy import HpoToyTask
+
+    real = HpoToyTask.datasets
+
+    def datasets(self, seed):
+        train, val = real(self, seed)
+        return ([], val) if empty == "training" else (train, [])
+
+    spec = toy_spec("empty", scheduler={"name": scheduler})
+    check_budgets(spec)  # the task's own datasets: nothing to refuse
+    monkeypatch.setattr(HpoToyTask, "datasets", datasets)
+    with pytest.raises(SpecError) as info:
+        check_budgets(spec)
+    assert info.value.errors == [{"loc": "task", "msg": f"task 'toy-hpo' gives an empty {empty} "
+                                  "set with this config: every trial would fail"}]
