@@ -87,10 +87,11 @@ def _total_steps(config: TrainConfig, updates_per_epoch: int) -> int:
 
 def resumed_total_steps(config: TrainConfig, samples_per_rank: int, step: int, epoch: int,
                         position: int) -> int:
-    """Optimizer updates of a run resumed at update ``step``, ``position`` samples into its
-    epoch ``epoch`` (0-based), if nothing stops it early: the updates made, then the rest
-    of this epoch and the later ones counted under ``config``'s micro-batch size and
-    accumulation (the smaller with ``max_updates``).
+    """Optimizer updates of a run resumed after ``step`` update groups (applied, or skipped
+    for fp16 overflow), ``position`` samples into its epoch ``epoch`` (0-based), if
+    nothing stops it early: those groups, then the rest of this epoch and the later ones
+    counted under ``config``'s micro-batch size and accumulation (the smaller with
+    ``max_updates``). With the sizes of the whole run, the count it was built with.
 
     What the schedule spans when a resume changed those sizes (PBT's exploit of a
     ``micro_batch_size``, ``trainers --resume --grad-accum-steps``): counted from zero

@@ -154,7 +154,7 @@ def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Re
     last_eval = tuple(saved["last_eval"]) if saved.get("last_eval") else None
     restored = Restored(Window(**window) if window else Window(),
                         list(saved.get("history") or []), last_eval)
-    respan_schedule(run, saved["config"], trainer)
+    respan_schedule(run, trainer)
     apply_config_hyperparameters(run)
     for key, value in trainer.items():
         setattr(state, key, value)
@@ -166,16 +166,18 @@ def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Re
     return restored
 
 
-def respan_schedule(run: Run, saved_config: dict[str, Any], trainer: dict[str, Any]) -> None:
-    """Where the resume changed the micro-batch size or the accumulation, the schedule (and
-    ``run.total_steps``, the ``planned_updates`` reported) spans the updates made plus
-    those left under the new sizes (:func:`trainers.components.resumed_total_steps`);
-    otherwise it is the one built, so a resume of the same config goes on bit for bit."""
+def respan_schedule(run: Run, trainer: dict[str, Any]) -> None:
+    """The schedule (and ``run.total_steps``, the ``planned_updates`` reported) of a resumed
+    run spans the update groups it went through (applied, or skipped for fp16 overflow)
+    plus those its rest takes at its config's micro-batch size and accumulation
+    (:func:`trainers.components.resumed_total_steps`). With the sizes the run had all
+    along this is the span it was built with, to the update; after a resume that changed
+    them (PBT's exploit of ``micro_batch_size``), every later resume keeps to it too, where
+    a span counted from zero at the new sizes could end before the step (an LR of 0 from
+    there: helper-32's finding, and helper-34's for the resume after it)."""
     c = run.config
-    sizes = (saved_config.get("micro_batch_size"), saved_config.get("grad_accum_steps"))
-    if sizes == (c.micro_batch_size, c.grad_accum_steps):
-        return
-    run.total_steps = resumed_total_steps(c, run.samples_per_rank, trainer["step"],
+    groups_done = trainer["step"] + trainer.get("skipped_updates", 0)
+    run.total_steps = resumed_total_steps(c, run.samples_per_rank, groups_done,
                                           trainer["epoch"], trainer["position"])
     run.scheduler.lr_lambdas = [schedule_factor(c, run.total_steps)
                                 for _ in run.optimizer.param_groups]

@@ -667,3 +667,28 @@ def test_a_resume_with_other_batch_sizes_spans_the_schedule_over_what_is_left(
     # the LR of the next update (the last report's is the schedule's end: 0)
     assert all(r["lr"] > 0 for r in after.reports if r["step"] < planned)
     assert after.reports[-1]["step"] == planned and result.stop_reason == "max_epochs"
+
+
+@pytest.mark.parametrize("sizes", [dict(micro_batch_size=16, grad_accum_steps=2),
+                                   dict(micro_batch_size=8, grad_accum_steps=1)])
+def test_every_later_resume_keeps_the_span_of_a_resume_that_changed_the_sizes(
+        tmp_path, sizes):
+    """helper-34: the span was corrected only on the resume that changed the sizes; the
+    next resume, at the same new sizes, counted from zero again and the LR was 0 past it.
+    Stopped at 3 (old sizes), then at 6 (new sizes), then run to the end: the span and the
+    updates are those of one resume at 3."""
+    config = dict(max_updates=None, max_epochs=4, schedule="cosine", min_lr_ratio=0.0)
+    fit(RegressionTask(OPTIONS), _config(tmp_path / "once", **config), StopAt(3))
+    once = fit(RegressionTask(OPTIONS), _config(tmp_path / "once", **config, **sizes),
+               ListReporter(), resume_from=tmp_path / "once")
+    fit(RegressionTask(OPTIONS), _config(tmp_path / "twice", **config), StopAt(3))
+    fit(RegressionTask(OPTIONS), _config(tmp_path / "twice", **config, **sizes), StopAt(6),
+        resume_from=tmp_path / "twice")
+    after = ListReporter()
+    twice = fit(RegressionTask(OPTIONS), _config(tmp_path / "twice", **config, **sizes),
+                after, resume_from=tmp_path / "twice")
+    assert after.reports[0]["step"] == 7
+    assert {r["planned_updates"] for r in after.reports} == {once.n_updates}
+    assert twice.n_updates == once.n_updates
+    by_step = {r["step"]: r["lr"] for r in once.history}
+    assert [r["lr"] for r in after.reports] == [by_step[r["step"]] for r in after.reports]
