@@ -72,19 +72,30 @@ _URL = re.compile(r"\b([A-Za-z][\w+.-]*)://\S*")
 # an absolute path, also after a label ("file:/srv/x"), or one that climbs ("../../etc/x")
 _PATH = re.compile(r"(?<![\w./~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*"
                    r"|(?<![\w./~-])(?:\.\./)+[^\s'\"`,;:()\[\]{}<>]*")
-_USERINFO = re.compile(r"(?<![\w/@])[\w.%+-]+:[^\s@/:]+@(?=[\w.-])")  # user:password@host
-# a service token anywhere (also after an escape like %22 or _, or with its _ escaped as
-# %5F), a bearer credential (also Bearer%20...), a token= query value (also token%3D...),
-# and a password, secret or key given as name=value or name: value
-SECRET = re.compile(r"(?P<keep>token(?:=|%3D)|Bearer(?:\s|%20|\+)+"
-                    r"|(?:password|passwd|secret|api[_-]?key|access[_-]?key)(?:=|%3D|:\s*))"
-                    r"[^&\s\"',]+"
-                    r"|hpo(?:_|%5F)[A-Za-z0-9_\-]{20,}", re.IGNORECASE)
+# user:password@host of an address without a scheme (the host a name with a dot, or
+# localhost; the password may hold ':' and '@'): not "12:30@UTC" nor "layer:conv1@block2"
+_USERINFO = re.compile(r"(?<![\w/@])[\w.%+-]+:[^\s/]+@(?=(?:[\w-]+\.)+[A-Za-z]|localhost\b)")
+# a name that holds a secret, given as name=value (name = value, name%3Dvalue) or as a
+# quoted key ('password': 'x', "api_key": "x"); never "password: too short" in prose
+_SECRET_NAME = (r"(?:\w*password|passwd|pwd|\w*secret(?:[_-]?key)?|private[_-]?key"
+                r"|api[_-]?key|access[_-]?key|\w*token)")
+_SECRET_VALUE = r"(?:'[^']*'|\"[^\"]*\"|[^&\s\"',;)}\]]+)"
+# also a service token anywhere (after an escape like %22 or _, or with its _ escaped as
+# %5F) and a bearer or basic credential (also Bearer%20...)
+# and a compound name (api_key, HF_TOKEN, db_password) given as name: value
+_COMPOUND_NAME = (r"(?:\w*(?:api|access|secret|private)[_-]key|\w*_token|\w*_password"
+                  r"|\w*_secret)")
+SECRET = re.compile(rf"(?P<keep>(?:Bearer|Basic)(?:\s|%20|\+)+"
+                    rf"|{_SECRET_NAME}\s*(?:=|%3D)\s*|['\"]{_SECRET_NAME}['\"]\s*:\s*"
+                    rf"|\b{_COMPOUND_NAME}:\s*)"
+                    rf"{_SECRET_VALUE}|hpo(?:_|%5F)[A-Za-z0-9_\-]{{20,}}", re.IGNORECASE)
 
 
 def hide_secrets(text: str) -> str:
     """``text`` with the secrets :data:`SECRET` matches replaced by ``<hidden>`` (the name
-    before a value is kept: ``password=<hidden>``)."""
+    before a value is kept: ``password=<hidden>``), and the ``user:password`` of an
+    address without a scheme (``<hidden>@db.example.org``)."""
+    text = _USERINFO.sub("<hidden>@", text)
     return SECRET.sub(lambda m: (m.group("keep") or "") + "<hidden>", text)
 
 
@@ -111,7 +122,7 @@ def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> s
                  and not _TUNE_HEAD.fullmatch(line.strip())] or lines
         line = (plain[-1] if from_end else plain[0]).strip() if plain else ""
     line = _PATH.sub("<path>", _URL.sub(lambda m: f"{m.group(1)}://...", line))
-    line = hide_secrets(_USERINFO.sub("<hidden>@", line))
+    line = hide_secrets(line)
     if len(line) > limit:
         line = line[:limit - 3] + "..."
     return line or "no message"

@@ -147,6 +147,26 @@ def test_a_dead_workers_failure_says_what_happened_not_tunes_header():
     ("FileNotFoundError: ../../etc/shadow", "FileNotFoundError: <path>"),
     ("ValueError: ratio 10:30 and a/b and 3/4", "ValueError: ratio 10:30 and a/b and 3/4"),
     ("see https://user:pw@example.com/x", "see https://..."),
+    # helper-34: quoted values, spaced '=', dict keys, other key names, basic credentials,
+    # passwords holding ':' or '@'
+    ("E: dsn host=db user=bob password='s3cr3t' dbname=x",
+     "E: dsn host=db user=bob password=<hidden> dbname=x"),
+    ('TypeError: connect(password="s3cr3t")', "TypeError: connect(password=<hidden>)"),
+    ("E: {'password': 'hunter2'} and password = hunter2",
+     "E: {'password': <hidden>} and password = <hidden>"),
+    ("E: secret_key=abc private_key=xyz api_key = sk-1 HF_TOKEN=hf_2",
+     "E: secret_key=<hidden> private_key=<hidden> api_key = <hidden> HF_TOKEN=<hidden>"),
+    ("E: Authorization: Basic dXNlcjpwdw==", "E: Authorization: Basic <hidden>"),
+    ("E: HF_TOKEN: hf_abc db_password: x", "E: HF_TOKEN: <hidden> db_password: <hidden>"),
+    ("E: login admin:pa:ss@db.internal", "E: login <hidden>@db.internal"),
+    ("E: login user:p@ss@db.internal", "E: login <hidden>@db.internal"),
+    # and ordinary text left alone
+    ("ValueError: password: too short", "ValueError: password: too short"),
+    ("ValueError: secret: must be a string", "ValueError: secret: must be a string"),
+    ("RuntimeError: shape mismatch at layer:conv1@block2",
+     "RuntimeError: shape mismatch at layer:conv1@block2"),
+    ("ValueError: could not parse '12:30@UTC'", "ValueError: could not parse '12:30@UTC'"),
+    ("ValueError: max_tokens=5 and tokens=3", "ValueError: max_tokens=5 and tokens=3"),
 ])
 def test_public_message_hides_secrets_and_paths_in_their_other_forms(text, expected):
     """helper-32: a trial's fail_reason (shown to viewers too) kept a password, a service
