@@ -75,16 +75,16 @@ _PATH = re.compile(r"(?<![\w./~-])~?/[\w.@%+=-][^\s'\"`,;:()\[\]{}<>]*"
 # user:password@host of an address without a scheme (the host a name with a dot, or
 # localhost; the password may hold ':' and '@'): not "12:30@UTC" nor "layer:conv1@block2"
 _USERINFO = re.compile(r"(?<![\w/@])[\w.%+-]+:[^\s/]+@(?=(?:[\w-]+\.)+[A-Za-z]|localhost\b)")
-# a name that holds a secret, given as name=value (name = value, name%3Dvalue) or as a
-# quoted key ('password': 'x', "api_key": "x"); never "password: too short" in prose
+# SECRET: a bearer or basic credential (also Bearer%20...); the value of a name that holds
+# a secret, given as name=value (name = value, name%3Dvalue) or as a quoted key
+# ('password': 'x'), or of a compound name (api_key, HF_TOKEN, db_password) as name:
+# value, never "password: too short" in prose; a service token anywhere (after an escape
+# like %22 or _, or with its _ escaped as %5F)
 _SECRET_NAME = (r"(?:\w*password|passwd|pwd|\w*secret(?:[_-]?key)?|private[_-]?key"
                 r"|api[_-]?key|access[_-]?key|\w*token)")
-_SECRET_VALUE = r"(?:'[^']*'|\"[^\"]*\"|[^&\s\"',;)}\]]+)"
-# also a service token anywhere (after an escape like %22 or _, or with its _ escaped as
-# %5F) and a bearer or basic credential (also Bearer%20...)
-# and a compound name (api_key, HF_TOKEN, db_password) given as name: value
 _COMPOUND_NAME = (r"(?:\w*(?:api|access|secret|private)[_-]key|\w*_token|\w*_password"
                   r"|\w*_secret)")
+_SECRET_VALUE = r"(?:'[^']*'|\"[^\"]*\"|[^&\s\"',;)}\]]+)"
 SECRET = re.compile(rf"(?P<keep>(?:Bearer|Basic)(?:\s|%20|\+)+"
                     rf"|{_SECRET_NAME}\s*(?:=|%3D)\s*|['\"]{_SECRET_NAME}['\"]\s*:\s*"
                     rf"|\b{_COMPOUND_NAME}:\s*)"
@@ -108,9 +108,8 @@ def public_message(text: str, *, from_end: bool = False, limit: int = 1000) -> s
     and node IP), otherwise the first non-empty line (the last with
     ``from_end``, for the tail of a log). Terminal colour codes are dropped,
     file paths become ``<path>``, URLs (which may carry a password)
-    ``scheme://...``, and secrets ``<hidden>`` (:func:`hide_secrets`, and the
-    ``user:password@`` of an address without a scheme); at most ``limit``
-    characters. The full text belongs in a log (issue 11: a study's ``error``
+    ``scheme://...``, and secrets ``<hidden>`` (:func:`hide_secrets`); at most
+    ``limit`` characters. The full text belongs in a log (issue 11: a study's ``error``
     carried a server traceback).
     """
     lines = [line.rstrip() for line in _ANSI.sub("", text).splitlines() if line.strip()]

@@ -193,16 +193,14 @@ class DashboardGate:
         if isinstance(answer, Response):
             await answer(scope, receive, send)
             return
+        head = scope["method"] == "HEAD"
         if answer is not None:  # a rewrite of the answer's body
-            head = scope["method"] == "HEAD"
             scope = {**scope, "method": "GET"}
-            rewrite = functools.partial(_filtered, answer, head)
-        else:
-            rewrite = None
-            if scope["method"] not in dashboard_login.SAFE_METHODS:  # a note: its body, read
-                receive = replaying(await request.body(), receive)  # by the check, goes on
+        elif scope["method"] not in dashboard_login.SAFE_METHODS:  # a note: its body, read
+            receive = replaying(await request.body(), receive)  # by the check, goes on
         errors = ServerErrors(scope, send, functools.partial(self._gone, scope))
-        await errors.run(self.app, receive, rewrite)
+        await errors.run(self.app, receive, errors.send if answer is None else
+                         Filter(errors.send, answer, head).send)
 
     async def _gone(self, scope) -> str | None:
         """Why the study of the request's route is not there any more, or ``None``."""
@@ -339,7 +337,3 @@ class DashboardGate:
                 return set(optuna_sql.study_ids(session.connection(), names).values())
 
         return await run_in_threadpool(query)
-
-
-def _filtered(rewrite: Rewrite, head: bool, send):
-    return Filter(send, rewrite, head).send

@@ -158,12 +158,11 @@ class ServerErrors:
         self.scope, self._send, self.gone = scope, send, gone
         self.failed = self.started = False
 
-    async def run(self, app, receive, send_wrapper=None) -> None:
-        """``app(scope, receive, send)``, its send through ``send_wrapper`` (a rewrite)
-        when given, then through this class."""
+    async def run(self, app, receive, send) -> None:
+        """``app(scope, receive, send)``, where ``send`` ends in :meth:`send` (directly, or
+        through a rewrite of the body)."""
         try:
-            await app(self.scope, receive, send_wrapper(self.send) if send_wrapper
-                      else self.send)
+            await app(self.scope, receive, send)
         except Exception:
             if self.started and not self.failed:  # its answer is on the way: nothing to do
                 raise

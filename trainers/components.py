@@ -76,24 +76,16 @@ def _check_writable(directory: Path) -> None:
         raise ConfigError("checkpoint_dir", f"cannot write to {directory}: {e.strerror}") from None
 
 
-def _total_steps(config: TrainConfig, updates_per_epoch: int) -> int:
-    limits = []
-    if config.max_updates is not None:
-        limits.append(config.max_updates)
-    if config.max_epochs is not None:
-        limits.append(config.max_epochs * updates_per_epoch)
-    return max(1, min(limits))
+def total_steps(config: TrainConfig, samples_per_rank: int, step: int = 0, epoch: int = 0,
+                position: int = 0) -> int:
+    """Optimizer updates of a run, if nothing stops it early: of a new run (the defaults),
+    or of one resumed after ``step`` update groups (applied, or skipped for fp16
+    overflow), ``position`` samples into its epoch ``epoch`` (0-based). Those groups,
+    then the rest of this epoch and the later ones counted under ``config``'s
+    micro-batch size and accumulation; the smaller with ``max_updates``. With the sizes
+    of the whole run, a resume's count is the one the run was built with.
 
-
-def resumed_total_steps(config: TrainConfig, samples_per_rank: int, step: int, epoch: int,
-                        position: int) -> int:
-    """Optimizer updates of a run resumed after ``step`` update groups (applied, or skipped
-    for fp16 overflow), ``position`` samples into its epoch ``epoch`` (0-based), if
-    nothing stops it early: those groups, then the rest of this epoch and the later ones
-    counted under ``config``'s micro-batch size and accumulation (the smaller with
-    ``max_updates``). With the sizes of the whole run, the count it was built with.
-
-    What the schedule spans when a resume changed those sizes (PBT's exploit of a
+    A resume counts from its position where it changed those sizes (PBT's exploit of a
     ``micro_batch_size``, ``trainers --resume --grad-accum-steps``): counted from zero
     under the new sizes instead, the span could end before the step the run resumed
     at, and the LR was 0 from there on (helper-32's finding).
@@ -117,10 +109,7 @@ def planned_updates(task: Task, config: TrainConfig, world_size: int = 1) -> int
     do not count.
     """
     train_set, _ = task.datasets(config.seed)
-    samples_per_rank = -(-len(train_set) // world_size)
-    per_epoch = n_updates_per_epoch(samples_per_rank, config.micro_batch_size,
-                                    config.grad_accum_steps)
-    return _total_steps(config, per_epoch)
+    return total_steps(config, -(-len(train_set) // world_size))
 
 
 def build_run(task: Task, config: TrainConfig) -> Run:
@@ -151,7 +140,7 @@ def build_run(task: Task, config: TrainConfig) -> Run:
     samples_per_rank = -(-len(train_set) // info.world_size)
     per_epoch = n_updates_per_epoch(samples_per_rank, config.micro_batch_size,
                                     config.grad_accum_steps)
-    total = _total_steps(config, per_epoch)
+    total = total_steps(config, samples_per_rank)
     return Run(
         task=task, config=config, dist=info, model=model, train_model=train_model,
         grad_sync=grad_sync_factory(train_model, model, config, info),

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from trainers import checkpoint as ckpt
-from trainers.components import Run, resumed_total_steps
+from trainers.components import Run, total_steps
 from trainers.ema import EMA
 from trainers.errors import CheckpointError
 from trainers.fields import to_dict
@@ -170,15 +170,15 @@ def respan_schedule(run: Run, trainer: dict[str, Any]) -> None:
     """The schedule (and ``run.total_steps``, the ``planned_updates`` reported) of a resumed
     run spans the update groups it went through (applied, or skipped for fp16 overflow)
     plus those its rest takes at its config's micro-batch size and accumulation
-    (:func:`trainers.components.resumed_total_steps`). With the sizes the run had all
+    (:func:`trainers.components.total_steps`). With the sizes the run had all
     along this is the span it was built with, to the update; after a resume that changed
     them (PBT's exploit of ``micro_batch_size``), every later resume keeps to it too, where
     a span counted from zero at the new sizes could end before the step (an LR of 0 from
     there: helper-32's finding, and helper-34's for the resume after it)."""
     c = run.config
     groups_done = trainer["step"] + trainer.get("skipped_updates", 0)
-    run.total_steps = resumed_total_steps(c, run.samples_per_rank, groups_done,
-                                          trainer["epoch"], trainer["position"])
+    run.total_steps = total_steps(c, run.samples_per_rank, groups_done, trainer["epoch"],
+                                  trainer["position"])
     run.scheduler.lr_lambdas = [schedule_factor(c, run.total_steps)
                                 for _ in run.optimizer.param_groups]
 
