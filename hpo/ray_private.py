@@ -104,19 +104,49 @@ def __getattr__(name: str):
 log = logging.getLogger(__name__)
 
 
-def asha_rungs(scheduler: AsyncHyperBandScheduler) -> list[tuple[float, dict]]:
-    """The rungs of a one-bracket ASHA, highest first: ``(milestone, {trial id: signed
-    value})``, the very dicts its decisions read and write. Ray keeps them private
-    (``_Bracket._rungs``) and has no way to fill them, so a new driver's ASHA started
-    with empty rungs (``hpo.tune.restore.restore_asha`` fills them from the study).
+def asha_rungs(scheduler: AsyncHyperBandScheduler, bracket: int = 0
+               ) -> list[tuple[float, dict]]:
+    """The rungs of an ASHA's ``bracket`` (Ray's order, 0 the one with the lowest first
+    rung), highest first: ``(milestone, {trial id: signed value})``, the very dicts its
+    decisions read and write. Ray keeps them private (``_Bracket._rungs``) and has no way
+    to fill them, so a new driver's ASHA started with empty rungs
+    (``hpo.tune.restore.restore_asha`` fills them from the study).
 
     Raises:
-        ValueError: the scheduler has more than one bracket (which bracket a trial was
-            in is not stored anywhere).
+        IndexError: the scheduler has no such bracket.
     """
-    if len(scheduler._brackets) != 1:
-        raise ValueError(f"{len(scheduler._brackets)} brackets: only one can be restored")
-    return scheduler._brackets[0]._rungs
+    return scheduler._brackets[_bracket_index(scheduler, bracket)]._rungs
+
+
+def _bracket_index(scheduler: AsyncHyperBandScheduler, bracket: int) -> int:
+    if not 0 <= bracket < len(scheduler._brackets):
+        raise IndexError(f"bracket {bracket}: the scheduler has "
+                         f"{len(scheduler._brackets)}")
+    return bracket
+
+
+def asha_brackets(scheduler: AsyncHyperBandScheduler) -> int:
+    """How many brackets an ASHA has (its ``brackets`` argument)."""
+    return len(scheduler._brackets)
+
+
+def asha_bracket_of(scheduler: AsyncHyperBandScheduler, trial_id: str) -> int | None:
+    """The bracket Ray's ``on_trial_add`` drew for a trial (``None``: not added, or
+    removed); Ray keeps it private (``_trial_info``) and draws it at random."""
+    bracket = scheduler._trial_info.get(trial_id)
+    if bracket is None:
+        return None
+    return next(i for i, b in enumerate(scheduler._brackets) if b is bracket)
+
+
+def asha_place(scheduler: AsyncHyperBandScheduler, trial_id: str, bracket: int) -> None:
+    """Put an added trial in ``bracket`` instead of the one Ray drew (a trial a new driver
+    resumes goes on in its own bracket, where its rung values are).
+
+    Raises:
+        IndexError: the scheduler has no such bracket.
+    """
+    scheduler._trial_info[trial_id] = scheduler._brackets[_bracket_index(scheduler, bracket)]
 
 
 def median_results(scheduler: MedianStoppingRule) -> dict:

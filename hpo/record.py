@@ -60,6 +60,7 @@ TERMINAL = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler.STOP)
 STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
 MO_RUNGS_ATTR = "mo_rungs"  # the vectors mo-asha recorded at its rungs (hpo.tune.mo_asha)
+ASHA_BRACKET_ATTR = "asha_bracket"  # the bracket of an ASHA with several (hpo.tune.restore)
 
 
 class StudyRecord:
@@ -291,6 +292,17 @@ class StudyRecord:
         kept = self.storage.get_trial(trial_id).user_attrs.get(MO_RUNGS_ATTR, [])
         self.storage.set_trial_user_attr(trial_id, MO_RUNGS_ATTR,
                                          [*kept, [milestone, values]])
+
+    def asha_bracket(self, ray_trial_id: str, drawn: int) -> int:
+        """The ASHA bracket a trial goes on in: the one its ``asha_bracket`` attribute keeps
+        (a trial a new driver resumes, whose rung values are there), else ``drawn`` (Ray's
+        draw), which is kept then."""
+        trial_id = self.trials[ray_trial_id].trial_id
+        kept = self.storage.get_trial(trial_id).user_attrs.get(ASHA_BRACKET_ATTR)
+        if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 0:
+            return kept
+        self.storage.set_trial_user_attr(trial_id, ASHA_BRACKET_ATTR, drawn)
+        return drawn
 
     def started(self, ray_trial_id: str) -> None:
         """A Ray trial (re)started running: wall time counts from now, unless it counts

@@ -2,18 +2,18 @@
 service's recovery after a kill): Ray's schedulers, and mo-asha, keep their state in the
 driver's memory, so a new driver's first trial at each rung went on whatever it scored.
 
-Refilled from the stored study where the rule can be replayed: ASHA's rungs of one bracket
-(:func:`restore_asha`) and the median rule's results with ``hard_stop``
-(:func:`restore_median`), from the trials' intermediate values (:func:`stored_curves`);
-mo-asha's from each trial's ``mo_rungs`` attribute (:func:`stored_rungs`,
-``hpo.tune.mo_asha.MoRungs.restore``). Hyperband, several ASHA brackets and
-``hard_stop: false`` start empty. Ray's private state is reached through
-``hpo.ray_private`` (``asha_rungs``, ``median_results``).
+Refilled from the stored study where the rule can be replayed: ASHA's rungs
+(:func:`restore_asha`; with several brackets, each trial's in the bracket its
+``asha_bracket`` attribute names, :func:`stored_brackets`) and the median rule's results with
+``hard_stop`` (:func:`restore_median`), from the trials' intermediate values
+(:func:`stored_curves`); mo-asha's from each trial's ``mo_rungs`` attribute
+(:func:`stored_rungs`, ``hpo.tune.mo_asha.MoRungs.restore``). Hyperband and ``hard_stop:
+false`` start empty. Ray's private state is reached through ``hpo.ray_private``
+(``asha_rungs``, ``median_results``).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -21,8 +21,8 @@ import optuna
 from optuna.trial import TrialState
 from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
 
-from hpo.ray_private import asha_rungs, median_results
-from hpo.record import MO_RUNGS_ATTR, StudyRecord
+from hpo.ray_private import asha_brackets, asha_rungs, median_results
+from hpo.record import ASHA_BRACKET_ATTR, MO_RUNGS_ATTR, StudyRecord
 from trainers.checkpoint import META_FILE
 from trainers.data import read_json
 
@@ -79,6 +79,18 @@ def stored_rungs(record: StudyRecord) -> list[tuple[int, float, list[float]]]:
     return out
 
 
+def stored_brackets(record: StudyRecord) -> dict[int, int]:
+    """The ASHA bracket each trial was drawn into (Optuna number -> bracket), from the
+    ``asha_bracket`` attribute ``StudyRecord.asha_bracket`` keeps (several brackets only);
+    a malformed one is left out."""
+    out = {}
+    for trial in record.study.get_trials(deepcopy=False):
+        bracket = trial.user_attrs.get(ASHA_BRACKET_ATTR)
+        if isinstance(bracket, int) and not isinstance(bracket, bool) and bracket >= 0:
+            out[trial.number] = bracket
+    return out
+
+
 def checkpoint_step(path: str | None) -> int | None:
     """The optimizer step of the trial checkpoint at ``path`` (its ``meta.json``, as
     ``trainers`` writes it), or ``None`` when there is none to read."""
@@ -97,11 +109,14 @@ def restored_key(number: int | str) -> str:
 
 
 def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
-                 curves: Iterable[tuple[int, Mapping[int, float], bool]], sign: float) -> int:
-    """Fill a new driver's one-bracket ASHA with what the study's earlier drivers recorded
-    at its rungs, from each trial's intermediate values (``curves``: Optuna number,
+                 curves: Iterable[tuple[int, Mapping[int, float], bool]], sign: float,
+                 brackets: Mapping[int, int] | None = None) -> int:
+    """Fill a new driver's ASHA with what the study's earlier drivers recorded at its
+    rungs, from each trial's intermediate values (``curves``: Optuna number,
     ``{step: value}``, whether the trial ended COMPLETE or PRUNED; ``sign`` +1 maximizing,
-    -1 minimizing, as Ray's ``metric_op``).
+    -1 minimizing, as Ray's ``metric_op``). With several brackets, a trial's values go to
+    its bracket in ``brackets`` (Optuna number -> bracket, :func:`stored_brackets`); a
+    trial with none there (stored before brackets were kept) is left out.
 
     Each trial's reports are replayed through Ray's rule (``_Bracket.on_result``): at a
     report, the highest rung at or below its step where the trial is not recorded yet
@@ -112,10 +127,10 @@ def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
     a new driver (a restart, the service's recovery) started with empty rungs: its first
     trial at each rung went on whatever it scored. Returns the values put back.
     """
-    rungs = asha_rungs(scheduler)
+    several = asha_brackets(scheduler) > 1
     restored = 0
 
-    def replay(key: str, step: int, value: float) -> None:
+    def replay(rungs: list[tuple[float, dict]], key: str, step: int, value: float) -> None:
         nonlocal restored
         for milestone, recorded in rungs:
             if step < milestone or key in recorded:
@@ -125,12 +140,16 @@ def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
             return
 
     for number, curve, ended in curves:
+        bracket = (brackets or {}).get(number) if several else 0
+        if bracket is None or bracket >= asha_brackets(scheduler):
+            continue
+        rungs = asha_rungs(scheduler, bracket)
         key, steps = restored_key(number), sorted(curve)
         for step in steps:
             if step < max_t:
-                replay(key, step, curve[step])
+                replay(rungs, key, step, curve[step])
         if ended and steps:
-            replay(key, steps[-1], curve[steps[-1]])
+            replay(rungs, key, steps[-1], curve[steps[-1]])
     return restored
 
 
@@ -159,8 +178,8 @@ def restore_median(scheduler: MedianStoppingRule, time_attr: str, metric: str,
 def rekey_asha(scheduler: AsyncHyperBandScheduler, old: str, new: str) -> None:
     """Give the values ``old`` recorded at an ASHA's rungs to ``new`` (a trial resumed by a
     new driver: judged again at a rung it passed, it could be stopped there)."""
-    with contextlib.suppress(ValueError):  # several brackets: nothing was restored
-        for _, recorded in asha_rungs(scheduler):
+    for bracket in range(asha_brackets(scheduler)):
+        for _, recorded in asha_rungs(scheduler, bracket):
             if old in recorded:
                 recorded[new] = recorded.pop(old)
 

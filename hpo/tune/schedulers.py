@@ -20,7 +20,7 @@ from ray.tune.schedulers import (
     TrialScheduler,
 )
 
-from hpo.ray_private import HyperBand
+from hpo.ray_private import HyperBand, asha_bracket_of, asha_brackets, asha_place
 from hpo.record import StudyRecord
 from hpo.space import build_pruner
 from hpo.spec import StudySpec
@@ -32,6 +32,7 @@ from hpo.tune.restore import (
     restore_asha,
     restore_median,
     restored_key,
+    stored_brackets,
     stored_curves,
     stored_rungs,
 )
@@ -82,6 +83,11 @@ class RecordingScheduler(TrialScheduler):
         if restorable and self.record.knows(trial.trial_id):  # one a new driver resumes
             old = restored_key(self.record.rung_key(trial.trial_id))  # keeps its past
             if isinstance(self.inner, AsyncHyperBandScheduler):
+                if asha_brackets(self.inner) > 1:  # its own bracket, where its values are
+                    drawn = asha_bracket_of(self.inner, trial.trial_id)
+                    kept = self.record.asha_bracket(trial.trial_id, drawn)
+                    if kept != drawn and kept < asha_brackets(self.inner):
+                        asha_place(self.inner, trial.trial_id, kept)
                 rekey_asha(self.inner, old, trial.trial_id)
             elif rekey_median(self.inner, old, trial):
                 self._resumed_median.add(trial.trial_id)
@@ -159,10 +165,10 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             time_attr=TIME_ATTR, max_t=s.max_t or planned_updates,
             grace_period=s.grace_period, reduction_factor=s.reduction_factor,
             brackets=s.brackets)
-        if record is not None and s.brackets == 1:  # a restarted driver's rungs
+        if record is not None:  # a restarted driver's rungs
             maximize = spec.objectives[0].direction == "maximize"
             restore_asha(inner, s.max_t or planned_updates, stored_curves(record),
-                         1.0 if maximize else -1.0)
+                         1.0 if maximize else -1.0, stored_brackets(record))
     elif s.name == "mo-asha":
         inner = MultiObjectiveASHA(
             [(o.metric, o.direction) for o in spec.objectives], TIME_ATTR,

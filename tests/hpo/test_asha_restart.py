@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule, TrialScheduler
 
-from hpo.ray_private import asha_rungs, median_results
+from hpo.ray_private import asha_bracket_of, asha_rungs, median_results
 from hpo.tune.restore import (
     rekey_asha,
     restore_asha,
@@ -55,10 +56,16 @@ def run_restarted_after_trial_0(spec, url: str, results_dir) -> list:
 
 
 class _Record:
-    """A study record that knows every trial, each the adoption of Optuna trial ``number``."""
+    """A study record that knows every trial, each the adoption of Optuna trial ``number``
+    (its ASHA bracket ``bracket``: ``None``, none kept yet)."""
 
-    def __init__(self, number: int) -> None:
-        self.number = number
+    def __init__(self, number: int, bracket: int | None = None) -> None:
+        self.number, self.bracket = number, bracket
+
+    def asha_bracket(self, trial_id, drawn):
+        if self.bracket is None:
+            self.bracket = drawn
+        return self.bracket
 
     def knows(self, trial_id):
         return True
@@ -73,17 +80,17 @@ class _Record:
         pass
 
 
-def _asha() -> AsyncHyperBandScheduler:
+def _asha(brackets: int = 1) -> AsyncHyperBandScheduler:
     asha = AsyncHyperBandScheduler(time_attr="step", max_t=6, grace_period=1,
-                                   reduction_factor=2)
+                                   reduction_factor=2, brackets=brackets)
     asha.set_search_properties("val_loss", "min")
     return asha
 
 
-def _uninterrupted() -> tuple[AsyncHyperBandScheduler, dict[int, list]]:
+def _uninterrupted(brackets: int = 1) -> tuple[AsyncHyperBandScheduler, dict[int, list]]:
     """Ray's own ASHA fed every report (interleaved), as one driver: the reports it let
     through, per trial, are what the study stores as intermediate values."""
-    asha, stored = _asha(), {n: [] for n in CURVES}
+    asha, stored = _asha(brackets), {n: [] for n in CURVES}
     trials = {n: Trial("toy", stub=True, trial_id=f"t{n}") for n in CURVES}
     for trial in trials.values():
         trial.set_status(Trial.RUNNING)
@@ -179,18 +186,73 @@ def test_the_restored_median_rule_has_the_results_and_decisions_of_the_uninterru
         assert len(decisions) == 1, report
 
 
-def test_several_brackets_are_left_empty_saying_why():
-    asha = AsyncHyperBandScheduler(time_attr="step", max_t=8, grace_period=1,
-                                   reduction_factor=2, brackets=2)
-    with pytest.raises(ValueError, match="2 brackets: only one can be restored"):
-        asha_rungs(asha)
+@pytest.mark.parametrize("brackets", [2, 3])
+def test_several_brackets_are_restored_each_trial_in_the_bracket_it_was_drawn_into(brackets):
+    """Before, an ASHA with several brackets started empty after a restart: which bracket a
+    trial was in (Ray's random draw) was kept nowhere. Now it is (``asha_bracket``), and
+    each bracket is refilled with its own trials' values."""
+    np.random.seed(4)  # Ray draws a trial's bracket with numpy's global generator
+    asha, stored = _uninterrupted(brackets)
+    drawn = {}
+    for bracket in range(brackets):
+        for _, recorded in asha_rungs(asha, bracket):
+            for t in recorded:
+                drawn[int(t[1:])] = bracket
+    assert set(drawn.values()) == set(range(brackets))  # the seed fills every bracket
+    restored = _asha(brackets)
+    # a trial stored before brackets were kept, or with a bracket the scheduler lacks,
+    # is left out
+    curves = [(k, dict(v), True) for k, v in stored.items()] + [
+        (90, {1: 0.0}, True), (91, {1: 0.0}, True)]
+    n = restore_asha(restored, 6, curves, -1.0, {**drawn, 91: brackets})
+    for bracket in range(brackets):
+        got = asha_rungs(restored, bracket)
+        expected = asha_rungs(asha, bracket)
+        assert [m for m, _ in got] == [m for m, _ in expected]
+        for (_, g), (_, e) in zip(got, expected, strict=True):
+            assert g.keys() == {restored_key(int(t[1:])) for t in e}
+            assert all(g[restored_key(int(t[1:]))] == v or math.isnan(v) for t, v in e.items())
+    assert n == sum(len(rec) for b in range(brackets) for _, rec in asha_rungs(asha, b))
+    with pytest.raises(IndexError, match=f"bracket {brackets}: the scheduler has {brackets}"):
+        asha_rungs(restored, brackets)
+
+
+def test_a_resumed_trial_goes_on_in_its_own_bracket_and_a_new_one_keeps_its_draw():
+    """A trial a new driver resumes is put back in the bracket its values were restored to
+    (Ray draws again at random); a new trial's draw is kept for the next driver."""
+    from hpo.tune.schedulers import RecordingScheduler
+
+    for kept in (0, 1):
+        for seed in (0, 4):  # Ray's first draw: bracket 0, then 1
+            np.random.seed(seed)
+            inner = _asha(2)  # rungs 4, 2, 1 and 4, 2
+            restore_asha(inner, 6, [(7, {2: 3.0}, False), (8, {2: 1.0}, False)], -1.0,
+                         {7: kept, 8: kept})
+            scheduler = RecordingScheduler(inner, _Record(7, kept), "asha",
+                                           removal_stops=True)
+            trial = Trial("toy", stub=True, trial_id="resumed")
+            trial.set_status(Trial.RUNNING)
+            scheduler.on_trial_add(None, trial)
+            assert asha_bracket_of(inner, "resumed") == kept
+            assert asha_rungs(inner, kept)[1][1] == {"resumed": -3.0, restored_key(8): -1.0}
+            # its report at 2 again: recorded there already, not judged again
+            assert scheduler.on_trial_result(None, trial, {"step": 2, "val_loss": 3.0}) == \
+                TrialScheduler.CONTINUE
+    fresh = _Record(9)
+    scheduler = RecordingScheduler(_asha(2), fresh, "asha", removal_stops=True)
+    new = Trial("toy", stub=True, trial_id="new")
+    new.set_status(Trial.RUNNING)
+    scheduler.on_trial_add(None, new)
+    assert fresh.bracket == asha_bracket_of(scheduler.inner, "new") in (0, 1)
 
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("scheduler", [
     {"name": "asha", "grace_period": 3, "reduction_factor": 2},
-    {"name": "median", "grace_period": 3, "min_samples_required": 1}], ids=lambda s: s["name"])
+    {"name": "asha", "grace_period": 3, "reduction_factor": 2, "brackets": 2},
+    {"name": "median", "grace_period": 3, "min_samples_required": 1}],
+    ids=lambda s: f"{s['name']}{'-brackets' if 'brackets' in s else ''}")
 def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sqlite_url,
                                                                     tmp_path):
     from tests.hpo.test_driver import toy_spec
@@ -198,17 +260,27 @@ def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sq
     # one trial at a time, val_loss = quality + 1/(k + 1) after k evaluations (every 3
     # updates); ASHA's rungs at 3 and 6 of 12, the median rule from 3. Uninterrupted:
     # quality 6 meets quality 5's 5.5 at 3 updates (6.5 is worse: stopped), quality 4
-    # beats it (on to the end).
+    # beats it (on to the end). With 2 brackets (rungs 3, 6, 12 and 6, 12, drawn at
+    # random), quality 6 meets quality 5 where they share a bracket: stopped at its
+    # first rung; alone in the other, it goes on.
     points = [{"params": {"quality": q}} for q in (5.0, 6.0, 4.0)]
-    name = f"{scheduler['name']}-restart"
+    name = f"{scheduler['name']}-{scheduler.get('brackets', 1)}-restart"
     spec = toy_spec(name, warm_start=points, config={"sleep_ms": 40}, scheduler=scheduler,
                     budget={"n_trials": 3, "max_concurrent_trials": 1})
+    np.random.seed(0)  # Ray's draw of the brackets (numpy's global generator)
     trials = run_restarted_after_trial_0(spec, sqlite_url, tmp_path / "ray")
     ran = {t.params["quality"]: t for t in trials if t.state != TrialState.FAIL}
+    stopped_at = 3
+    if "brackets" in scheduler:  # each trial's draw, kept by the record
+        drawn = {q: t.user_attrs["asha_bracket"] for q, t in ran.items()}
+        assert set(drawn.values()) <= {0, 1}
+        shared = drawn[6.0] == drawn[5.0]
+        stopped_at = 3 if drawn[6.0] == 0 else 6
+        assert shared  # (numpy's seed: the case a restart without the kept draws fails)
     assert {q: t.state for q, t in ran.items()} == {
         5.0: TrialState.COMPLETE, 6.0: TrialState.PRUNED, 4.0: TrialState.COMPLETE}
     assert (ran[6.0].user_attrs["stopped_by"], ran[6.0].user_attrs["budget_updates"]) == (
-        scheduler["name"], 3)
+        scheduler["name"], stopped_at)
 
 
 def test_a_trial_a_new_driver_resumes_keeps_its_rung_values_under_its_new_id():
