@@ -157,6 +157,13 @@ def median_results(scheduler: MedianStoppingRule) -> dict:
     return scheduler._results
 
 
+def median_stopped(scheduler: MedianStoppingRule) -> set:
+    """The trials the median rule stopped (``hard_stop: false``: paused, then run on
+    without being judged, their later results left out of its means), the very set its
+    decisions read; private in Ray (``_stopped_trials``)."""
+    return scheduler._stopped_trials
+
+
 class HyperBand(HyperBandScheduler):
     """Ray's synchronous Hyperband, with fixes at its pause and trial-removal seams.
 

@@ -61,6 +61,8 @@ STOP = "STOP"  # a scheduler's stop decision (ray.tune.schedulers.TrialScheduler
 STOP_REASON = "stop_reason"  # in a trial's last result: why its trainer stopped by itself
 MO_RUNGS_ATTR = "mo_rungs"  # the vectors mo-asha recorded at its rungs (hpo.tune.mo_asha)
 ASHA_BRACKET_ATTR = "asha_bracket"  # the bracket of an ASHA with several (hpo.tune.restore)
+MEDIAN_STOPPED_ATTR = "median_stopped_at"  # the step the median rule (hard_stop: false)
+                                           # stopped judging a trial at (hpo.tune.restore)
 
 
 class StudyRecord:
@@ -303,6 +305,13 @@ class StudyRecord:
             return kept
         self.storage.set_trial_user_attr(trial_id, ASHA_BRACKET_ATTR, drawn)
         return drawn
+
+    def median_stopped(self, ray_trial_id: str, step: int) -> None:
+        """The median rule without ``hard_stop`` paused a trial at ``step`` for good: its
+        later reports are not in the rule's means (a new driver's rule is refilled so)."""
+        t = self.trials.get(ray_trial_id)
+        if t is not None and not t.told:
+            self.storage.set_trial_user_attr(t.trial_id, MEDIAN_STOPPED_ATTR, step)
 
     def started(self, ray_trial_id: str) -> None:
         """A Ray trial (re)started running: wall time counts from now, unless it counts

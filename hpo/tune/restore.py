@@ -4,12 +4,13 @@ driver's memory, so a new driver's first trial at each rung went on whatever it 
 
 Refilled from the stored study where the rule can be replayed: ASHA's rungs
 (:func:`restore_asha`; with several brackets, each trial's in the bracket its
-``asha_bracket`` attribute names, :func:`stored_brackets`) and the median rule's results with
-``hard_stop`` (:func:`restore_median`), from the trials' intermediate values
-(:func:`stored_curves`); mo-asha's from each trial's ``mo_rungs`` attribute
-(:func:`stored_rungs`, ``hpo.tune.mo_asha.MoRungs.restore``). Hyperband and ``hard_stop:
-false`` start empty. Ray's private state is reached through ``hpo.ray_private``
-(``asha_rungs``, ``median_results``).
+``asha_bracket`` attribute names) and the median rule's results (:func:`restore_median`;
+without ``hard_stop``, a stopped trial's up to the step its ``median_stopped_at`` attribute
+names), from the trials' intermediate values (:func:`stored_curves`); mo-asha's from each
+trial's ``mo_rungs`` attribute (:func:`stored_rungs`,
+``hpo.tune.mo_asha.MoRungs.restore``). Hyperband starts empty. Ray's private state is
+reached through ``hpo.ray_private`` (``asha_rungs``, ``median_results``,
+``median_stopped``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import optuna
 from optuna.trial import TrialState
 from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
 
-from hpo.ray_private import asha_brackets, asha_rungs, median_results
-from hpo.record import ASHA_BRACKET_ATTR, MO_RUNGS_ATTR, StudyRecord
+from hpo.ray_private import asha_brackets, asha_rungs, median_results, median_stopped
+from hpo.record import ASHA_BRACKET_ATTR, MEDIAN_STOPPED_ATTR, MO_RUNGS_ATTR, StudyRecord
 from trainers.checkpoint import META_FILE
 from trainers.data import read_json
 
@@ -81,13 +82,23 @@ def stored_rungs(record: StudyRecord) -> list[tuple[int, float, list[float]]]:
 
 def stored_brackets(record: StudyRecord) -> dict[int, int]:
     """The ASHA bracket each trial was drawn into (Optuna number -> bracket), from the
-    ``asha_bracket`` attribute ``StudyRecord.asha_bracket`` keeps (several brackets only);
-    a malformed one is left out."""
-    out = {}
+    ``asha_bracket`` attribute ``StudyRecord.asha_bracket`` keeps (several brackets only)."""
+    return _stored_steps(record, ASHA_BRACKET_ATTR)
+
+
+def stored_median_stops(record: StudyRecord) -> dict[int, int]:
+    """The step the median rule without ``hard_stop`` stopped judging each trial at
+    (Optuna number -> step), from the ``median_stopped_at`` attribute
+    ``StudyRecord.median_stopped`` keeps."""
+    return _stored_steps(record, MEDIAN_STOPPED_ATTR)
+
+
+def _stored_steps(record: StudyRecord, attr: str) -> dict[int, int]:
+    out = {}  # a malformed value is left out
     for trial in record.study.get_trials(deepcopy=False):
-        bracket = trial.user_attrs.get(ASHA_BRACKET_ATTR)
-        if isinstance(bracket, int) and not isinstance(bracket, bool) and bracket >= 0:
-            out[trial.number] = bracket
+        value = trial.user_attrs.get(attr)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[trial.number] = value
     return out
 
 
@@ -154,23 +165,34 @@ def restore_asha(scheduler: AsyncHyperBandScheduler, max_t: float,
 
 
 def restore_median(scheduler: MedianStoppingRule, time_attr: str, metric: str,
-                   curves: Iterable[tuple[int, Mapping[int, float], bool]]) -> int:
-    """Fill a new driver's median stopping rule (``hard_stop``) with the study's earlier
-    results, from each trial's intermediate values (``curves`` as :func:`restore_asha`
-    takes them): every report in order, as Ray's ``on_trial_result`` appends them, and an
-    ended trial's last one once more, as its ``on_trial_complete`` does. Before, a new
-    driver's rule had no other trial's running mean: every trial went on until
-    ``min_samples_required`` trials of its own run had reported. With ``hard_stop: false``
-    a stopped trial's later reports are left out by Ray, and which reports those were is
-    not stored: that rule starts empty. Returns the trials put back."""
-    results = median_results(scheduler)
+                   curves: Iterable[tuple[int, Mapping[int, float], bool]],
+                   stopped_at: Mapping[int, int] | None = None) -> int:
+    """Fill a new driver's median stopping rule with the study's earlier results, from
+    each trial's intermediate values (``curves`` as :func:`restore_asha` takes them): every
+    report in order, as Ray's ``on_trial_result`` appends them, and an ended trial's last
+    one once more, as its ``on_trial_complete`` does. Before, a new driver's rule had no
+    other trial's running mean: every trial went on until ``min_samples_required`` trials
+    of its own run had reported.
+
+    Without ``hard_stop``, a trial the rule stopped is paused and runs on later, unjudged,
+    and Ray leaves its later reports out of the means: ``stopped_at`` (Optuna number ->
+    the step of the stop, :func:`stored_median_stops`) cuts its results there, and it is
+    put back among the stopped (where its restored curve holds that step: resumed from a
+    checkpoint before it, the trial is judged there again). Returns the trials put back."""
+    results, stopped = median_results(scheduler), median_stopped(scheduler)
     restored = 0
     for number, curve, ended in curves:
         steps = sorted(curve)
         if not steps:
             continue
-        reports = [{time_attr: step, metric: curve[step]} for step in steps]
-        results[restored_key(number)] = [*reports, dict(reports[-1])] if ended else reports
+        at = (stopped_at or {}).get(number)
+        judged = [step for step in steps if at is None or step <= at]
+        reports = [{time_attr: step, metric: curve[step]} for step in judged]
+        if ended:
+            reports.append({time_attr: steps[-1], metric: curve[steps[-1]]})
+        results[restored_key(number)] = reports
+        if at is not None and at in curve:
+            stopped.add(restored_key(number))
         restored += 1
     return restored
 
@@ -185,9 +207,13 @@ def rekey_asha(scheduler: AsyncHyperBandScheduler, old: str, new: str) -> None:
 
 
 def rekey_median(scheduler: MedianStoppingRule, old: str, trial) -> bool:
-    """Give the results ``old`` had in a median rule to the Tune ``trial`` resuming it;
-    whether it had any (its first report then goes through :func:`drop_restored_repeat`)."""
-    results = median_results(scheduler)
+    """Give the results ``old`` had in a median rule, and its place among the stopped, to
+    the Tune ``trial`` resuming it; whether it had any results (its first report then goes
+    through :func:`drop_restored_repeat`)."""
+    results, stopped = median_results(scheduler), median_stopped(scheduler)
+    if old in stopped:
+        stopped.discard(old)
+        stopped.add(trial)
     if old in results:
         results[trial] = results.pop(old)
         return True
@@ -201,7 +227,10 @@ def drop_restored_repeat(scheduler: MedianStoppingRule, trial, result: Mapping,
     with nothing left to train (its checkpoint at its last evaluation) reports that
     evaluation again (``trainers.loop``: the new driver needs a final result); the rule
     held it once more than one driver does (three times with its end, where an
-    uninterrupted trial's running mean holds it twice)."""
+    uninterrupted trial's running mean holds it twice). A stopped trial's reports are not
+    taken (``hard_stop: false``): nothing gives way."""
+    if trial in median_stopped(scheduler):
+        return
     held = median_results(scheduler).get(trial)
     if held and time_attr in result and held[-1].get(time_attr) == result[time_attr]:
         held.pop()

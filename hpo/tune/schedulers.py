@@ -20,7 +20,13 @@ from ray.tune.schedulers import (
     TrialScheduler,
 )
 
-from hpo.ray_private import HyperBand, asha_bracket_of, asha_brackets, asha_place
+from hpo.ray_private import (
+    HyperBand,
+    asha_bracket_of,
+    asha_brackets,
+    asha_place,
+    median_stopped,
+)
 from hpo.record import StudyRecord
 from hpo.space import build_pruner
 from hpo.spec import StudySpec
@@ -34,6 +40,7 @@ from hpo.tune.restore import (
     restored_key,
     stored_brackets,
     stored_curves,
+    stored_median_stops,
     stored_rungs,
 )
 
@@ -99,9 +106,14 @@ class RecordingScheduler(TrialScheduler):
         known = self.record.knows(trial.trial_id)
         if known:
             self.record.result(trial.trial_id, result)
+        median = isinstance(self.inner, MedianStoppingRule)
+        judged = median and trial not in median_stopped(self.inner)
         decision = self.inner.on_trial_result(tune_controller, trial, result)
         if known:
             self.record.decided(trial.trial_id, decision, self.label)
+            if judged and decision == TrialScheduler.PAUSE and trial in median_stopped(
+                    self.inner):  # hard_stop: false stopped it (unjudged from now on)
+                self.record.median_stopped(trial.trial_id, result[TIME_ATTR])
         return decision
 
     def on_trial_complete(self, tune_controller, trial, result) -> None:
@@ -186,9 +198,9 @@ def build_scheduler(spec: StudySpec, record: StudyRecord, planned_updates: int
             time_attr=TIME_ATTR, grace_period=s.grace_period,
             min_samples_required=s.min_samples_required, min_time_slice=s.min_time_slice,
             hard_stop=s.hard_stop)
-        if record is not None and s.hard_stop:  # a restarted driver's running means
+        if record is not None:  # a restarted driver's running means
             restore_median(inner, TIME_ATTR, spec.objectives[0].metric,
-                           stored_curves(record))
+                           stored_curves(record), stored_median_stops(record))
     elif s.name == "optuna-pruner":
         return RecordingScheduler(OptunaPrunerScheduler(record, build_pruner(s.pruner)),
                                   record, f"optuna-{s.pruner.name}")

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule, TrialScheduler
 
-from hpo.ray_private import asha_bracket_of, asha_rungs, median_results
+from hpo.ray_private import asha_bracket_of, asha_rungs, median_results, median_stopped
 from hpo.tune.restore import (
     rekey_asha,
     restore_asha,
@@ -186,6 +186,65 @@ def test_the_restored_median_rule_has_the_results_and_decisions_of_the_uninterru
         assert len(decisions) == 1, report
 
 
+def test_without_hard_stop_the_restored_rule_holds_only_what_it_judged_and_whom_it_stopped():
+    """``hard_stop: false``: a stopped trial is paused, runs on later unjudged, and Ray
+    leaves its later reports out of the means; a new driver's rule started empty. Now it
+    is refilled up to each stopped trial's ``median_stopped_at`` step, and a resumed
+    stopped trial stays unjudged."""
+    from hpo.tune.schedulers import RecordingScheduler
+
+    rule = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=1,
+                              hard_stop=False)
+    rule.set_search_properties("val_loss", "min")
+    trials, stored, stops = {}, {}, {}
+    for n, curve in CURVES.items():  # one after another; a stopped trial runs on (FIFO)
+        trials[n] = Trial("toy", stub=True, trial_id=f"t{n}")
+        trials[n].set_status(Trial.RUNNING)
+        rule.on_trial_add(None, trials[n])
+        stored[n] = {}
+        for step, value in curve:
+            result = {"step": step, "val_loss": value}
+            stored[n][step] = value
+            before = trials[n] in median_stopped(rule)
+            if rule.on_trial_result(_Controller(), trials[n], result) == \
+                    TrialScheduler.PAUSE and not before:
+                stops[n] = step
+        rule.on_trial_complete(None, trials[n], result)
+    assert stops and any(max(stored[n]) > at for n, at in stops.items())  # ran on after
+    restored = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=1,
+                                  hard_stop=False)
+    restored.set_search_properties("val_loss", "min")
+    restore_median(restored, "step", "val_loss", [(n, v, True) for n, v in stored.items()],
+                   stops)
+    for t, results in median_results(rule).items():
+        got = median_results(restored)[restored_key(int(t.trial_id[1:]))]
+        assert [(r["step"], r["val_loss"]) for r in got] == [
+            (r["step"], r["val_loss"]) for r in results]
+    assert median_stopped(restored) == {restored_key(n) for n in stops}
+    for k, report in enumerate(({"step": 1, "val_loss": 5.5}, {"step": 2, "val_loss": 5.0},
+                                {"step": 4, "val_loss": 2.0}, {"step": 6, "val_loss": 9.0})):
+        late = Trial("toy", stub=True, trial_id=f"late{k}")
+        late.set_status(Trial.RUNNING)
+        assert len({s.on_trial_result(_Controller(), late, dict(report))
+                    for s in (rule, restored)}) == 1, report
+    # a stopped trial a new driver resumes: unjudged, its reports left out, as before
+    stopped_n = next(iter(stops))
+    restored = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=1,
+                                  hard_stop=False)
+    restored.set_search_properties("val_loss", "min")
+    curve = {s: v for s, v in stored[stopped_n].items() if s <= stops[stopped_n]}
+    restore_median(restored, "step", "val_loss", [(stopped_n, curve, False)], stops)
+    scheduler = RecordingScheduler(restored, _Record(stopped_n), "median",
+                                   removal_stops=True)
+    resumed = Trial("toy", stub=True, trial_id="resumed")
+    resumed.set_status(Trial.RUNNING)
+    scheduler.on_trial_add(None, resumed)
+    assert median_stopped(restored) == {resumed}
+    assert scheduler.on_trial_result(_Controller(), resumed, {
+        "step": stops[stopped_n], "val_loss": 99.0}) == TrialScheduler.CONTINUE
+    assert [r["step"] for r in median_results(restored)[resumed]] == sorted(curve)
+
+
 @pytest.mark.parametrize("brackets", [2, 3])
 def test_several_brackets_are_restored_each_trial_in_the_bracket_it_was_drawn_into(brackets):
     """Before, an ASHA with several brackets started empty after a restart: which bracket a
@@ -251,8 +310,9 @@ def test_a_resumed_trial_goes_on_in_its_own_bracket_and_a_new_one_keeps_its_draw
 @pytest.mark.parametrize("scheduler", [
     {"name": "asha", "grace_period": 3, "reduction_factor": 2},
     {"name": "asha", "grace_period": 3, "reduction_factor": 2, "brackets": 2},
-    {"name": "median", "grace_period": 3, "min_samples_required": 1}],
-    ids=lambda s: f"{s['name']}{'-brackets' if 'brackets' in s else ''}")
+    {"name": "median", "grace_period": 3, "min_samples_required": 1},
+    {"name": "median", "grace_period": 3, "min_samples_required": 1, "hard_stop": False}],
+    ids=["asha", "asha-brackets", "median", "median-no-hard-stop"])
 def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sqlite_url,
                                                                     tmp_path):
     from tests.hpo.test_driver import toy_spec
@@ -264,7 +324,7 @@ def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sq
     # random), quality 6 meets quality 5 where they share a bracket: stopped at its
     # first rung; alone in the other, it goes on.
     points = [{"params": {"quality": q}} for q in (5.0, 6.0, 4.0)]
-    name = f"{scheduler['name']}-{scheduler.get('brackets', 1)}-restart"
+    name = f"{scheduler['name']}-{len(scheduler)}-restart"
     spec = toy_spec(name, warm_start=points, config={"sleep_ms": 40}, scheduler=scheduler,
                     budget={"n_trials": 3, "max_concurrent_trials": 1})
     np.random.seed(0)  # Ray's draw of the brackets (numpy's global generator)
@@ -277,6 +337,11 @@ def test_a_restarted_driver_stops_what_the_uninterrupted_one_stops(scheduler, sq
         shared = drawn[6.0] == drawn[5.0]
         stopped_at = 3 if drawn[6.0] == 0 else 6
         assert shared  # (numpy's seed: the case a restart without the kept draws fails)
+    if scheduler.get("hard_stop") is False:  # paused at 3 for good, run on unjudged later
+        assert {q: (t.state, t.user_attrs.get("median_stopped_at")) for q, t in ran.items()
+                } == {5.0: (TrialState.COMPLETE, None), 6.0: (TrialState.COMPLETE, 3),
+                      4.0: (TrialState.COMPLETE, None)}
+        return
     assert {q: t.state for q, t in ran.items()} == {
         5.0: TrialState.COMPLETE, 6.0: TrialState.PRUNED, 4.0: TrialState.COMPLETE}
     assert (ran[6.0].user_attrs["stopped_by"], ran[6.0].user_attrs["budget_updates"]) == (
