@@ -83,18 +83,18 @@ def stored_rungs(record: StudyRecord) -> list[tuple[int, float, list[float]]]:
 def stored_brackets(record: StudyRecord) -> dict[int, int]:
     """The ASHA bracket each trial was drawn into (Optuna number -> bracket), from the
     ``asha_bracket`` attribute ``StudyRecord.asha_bracket`` keeps (several brackets only)."""
-    return _stored_steps(record, ASHA_BRACKET_ATTR)
+    return _stored_naturals(record, ASHA_BRACKET_ATTR)
 
 
 def stored_median_stops(record: StudyRecord) -> dict[int, int]:
     """The step the median rule without ``hard_stop`` stopped judging each trial at
     (Optuna number -> step), from the ``median_stopped_at`` attribute
     ``StudyRecord.median_stopped`` keeps."""
-    return _stored_steps(record, MEDIAN_STOPPED_ATTR)
+    return _stored_naturals(record, MEDIAN_STOPPED_ATTR)
 
 
-def _stored_steps(record: StudyRecord, attr: str) -> dict[int, int]:
-    out = {}  # a malformed value is left out
+def _stored_naturals(record: StudyRecord, attr: str) -> dict[int, int]:
+    out = {}  # (Optuna number -> the attribute, an int >= 0; a malformed one is left out)
     for trial in record.study.get_trials(deepcopy=False):
         value = trial.user_attrs.get(attr)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
