@@ -296,19 +296,10 @@ class SummaryTracker:
 
     def _consider(self, complete: list[FrozenTrial]) -> None:
         """Take COMPLETE trials into the best trial or the front."""
-        fresh = [t for t in complete if t.number not in self._best and feasible(t)
-                 and t.values is not None and len(t.values) == len(self.maximize)]
-        if not fresh:
-            return
-        if len(self.maximize) == 1:
-            best = best_single([*self._best.values(), *fresh], self.maximize[0])
-            self._best = {best.number: best}
-            return
-        pool = sorted([*self._best.values(), *fresh], key=lambda t: t.number)
-        losses = np.array([t.values for t in pool], dtype=float)
-        losses[:, np.asarray(self.maximize)] *= -1
-        on_front = pareto_front_mask(losses)
-        self._best = {t.number: t for t, keep in zip(pool, on_front, strict=True) if keep}
+        fresh = [t for t in complete if t.number not in self._best]
+        if fresh:
+            self._best = {t.number: t for t in best_of([*self._best.values(), *fresh],
+                                                       self.maximize)}
 
     def _write_if_due(self) -> None:
         if self.write is None or not self._dirty or self._timer is not None:
@@ -344,6 +335,23 @@ def _maximize(direction: StudyDirection | str) -> bool:
     if direction not in ("minimize", "maximize"):
         raise ValueError(f"a direction is 'minimize' or 'maximize', got {direction=}")
     return direction == "maximize"
+
+
+def best_of(trials: Iterable[FrozenTrial], maximize: list[bool]) -> list[FrozenTrial]:
+    """The best trial (one objective: :func:`best_single`) or the Pareto front, by number,
+    of the COMPLETE, feasible ones among ``trials`` with a value for each objective
+    (``maximize``: per objective, whether it is maximized); ``[]`` if there are none. The
+    rule the summary, REST, the CLI and the dashboard's best trials all follow."""
+    pool = sorted((t for t in trials if t.state == TrialState.COMPLETE and feasible(t)
+                   and t.values is not None and len(t.values) == len(maximize)),
+                  key=lambda t: t.number)
+    if not pool:
+        return []
+    if len(maximize) == 1:
+        return [best_single(pool, maximize[0])]
+    losses = np.array([t.values for t in pool], dtype=float)
+    losses[:, np.asarray(maximize)] *= -1
+    return [t for t, keep in zip(pool, pareto_front_mask(losses), strict=True) if keep]
 
 
 def best_single(trials: Iterable[FrozenTrial], maximize: bool) -> FrozenTrial | None:

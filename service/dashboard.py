@@ -86,7 +86,14 @@ from starlette.responses import Response
 from service import dashboard_login, optuna_sql
 from service.api_errors import error_response
 from service.auth import ANONYMOUS, COOKIE_NAME, Principal, bearer, resolve, resolve_session
-from service.dashboard_answers import HIDING, Filter, Rewrite, ServerErrors, owned_studies
+from service.dashboard_answers import (
+    HIDING,
+    Filter,
+    Rewrite,
+    ServerErrors,
+    feasible_study,
+    owned_studies,
+)
 from service.dashboard_cache import StudyIdentities
 from service.dashboard_input import input_problem, study_exists, with_accept_encoding
 from service.db import StudyRow
@@ -141,7 +148,15 @@ def build_dashboard(storage: optuna.storages.BaseStorage, sessions: sessionmaker
     # lists and downloads them (GET /artifacts/..., gated below like the study)
     store = FileSystemArtifactStore(Path(settings.artifacts_path).resolve())
     return DashboardGate(optuna_dashboard.wsgi(storage, artifact_store=store), sessions,
-                         settings)
+                         settings, storage)
+
+
+STUDY_RULE = "/api/studies/<study_id:int>"
+
+
+def _then(first: Rewrite, second: Rewrite | None) -> Rewrite:
+    """The rewrite ``first``, then ``second`` where there is one."""
+    return first if second is None else lambda body: second(first(body))
 
 
 def normalize_path(path: str) -> str:
@@ -168,10 +183,13 @@ class DashboardGate:
         bottle_app: optuna-dashboard's WSGI app (``optuna_dashboard.wsgi(storage)``).
         sessions: the service's database sessions (tokens, study owners).
         settings: ``open_reads`` and ``url`` (the address cookie writes must come from).
+        storage: the Optuna storage the dashboard reads (its study answers' best trials
+            are rewritten from it: :func:`service.dashboard_answers.feasible_study`).
     """
 
     def __init__(self, bottle_app: bottle.Bottle, sessions: sessionmaker,
-                 settings: Settings) -> None:
+                 settings: Settings, storage: optuna.storages.BaseStorage) -> None:
+        self.storage = storage
         self.router = bottle_app.router
         self.app = WSGIMiddleware(bottle_app)
         self.sessions = sessions
@@ -258,6 +276,9 @@ class DashboardGate:
                                       f"no study with id {route.args['study_id']}")
         if "study_id" in route.args:  # SQLite reuses a deleted study's id
             await self.identities.check(route.args["study_id"])
+        if route.rule == STUDY_RULE:  # its best trials as REST's, whoever reads
+            hide = _then(functools.partial(feasible_study, self.storage,
+                                           route.args["study_id"]), hide)
         return (await self._trial_refusal(route)
                 or await input_problem(route.rule, route.args, request, self.sessions) or hide)
 

@@ -1,6 +1,8 @@
 """What the dashboard gate changes of optuna-dashboard's answers (:mod:`service.dashboard`).
 
 * A non-admin token's study list holds only its own studies (:func:`owned_studies`).
+* A study with constraints shows each trial's constraint values and its best feasible
+  trial, or feasible Pareto front, as REST and the CLI (:func:`feasible_study`).
 * The answers that carry trials' user attributes (:data:`HIDING`) leave out the hidden
   ones (the ``checkpoint`` server path) and show the others as ``/v1`` does.
 * A 5xx of optuna-dashboard is sent in the service's error shape (:class:`ServerErrors`).
@@ -12,9 +14,17 @@ import csv
 import io
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
+import optuna
+from optuna.study import StudyDirection
+from starlette.concurrency import run_in_threadpool
+
+from hpo.study import SPEC_ATTR
+from hpo.summary import best_of
 from service.api_errors import error_response
+from service.dashboard_cache import serialize_trial
 from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
 
 log = logging.getLogger(__name__)
@@ -27,7 +37,59 @@ def owned_studies(owned: set[int], body: bytes) -> bytes:
     data = json.loads(body)
     data["study_summaries"] = [s for s in data.get("study_summaries", [])
                                if s.get("study_id") in owned]
-    return json.dumps(data).encode()
+    return _dumps(data)
+
+
+_INFINITE = "\x00infinite\x00"  # stands for inf until the JSON is written
+
+
+def _dumps(data) -> bytes:
+    """``data`` as JSON, an infinite float written ``1e999`` (``-1e999``): JSON allows the
+    number, and a browser reads it as ``Infinity``; Python writes ``Infinity``, which a
+    browser's ``JSON.parse`` refuses (a NaN, which neither can carry, is written null)."""
+    def walk(node):
+        if isinstance(node, float) and not math.isfinite(node):
+            return None if math.isnan(node) else _INFINITE if node > 0 else "-" + _INFINITE
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        return node
+
+    text = json.dumps(walk(data))
+    return text.replace(json.dumps("-" + _INFINITE), "-1e999").replace(
+        json.dumps(_INFINITE), "1e999").encode()
+
+
+def feasible_study(storage: optuna.storages.BaseStorage, study_id: int, body: bytes) -> bytes:
+    """The ``/api/studies/ID`` answer of a study with constraints, with each trial's
+    ``constraints`` (its violations, <= 0 where a bound holds) and its best trials: the
+    best COMPLETE feasible trial, or the feasible Pareto front (``hpo.summary.best_of``,
+    the rule of REST and the CLI); unchanged for a study without constraints.
+
+    optuna-dashboard 0.21 reads a trial's constraints from the system attribute
+    ``constraints``, which Optuna 5 no longer writes (it keeps ``constraints:KEY``
+    each), so every trial showed none and counted as feasible in its plots; and it took
+    the best trial from ``RDBStorage.get_best_trial`` and the front of every COMPLETE
+    trial, both blind to constraints: an infeasible trial was shown as the best (the
+    breaker's finding). A violation of ``inf`` (the metric was not reported) is written
+    ``1e999`` (:func:`_dumps`)."""
+    spec = storage.get_study_user_attrs(study_id).get(SPEC_ATTR)
+    if isinstance(spec, dict) and not spec.get("constraints"):  # (a study made with
+        return body                                           # Optuna directly: looked at)
+    trials = {t.number: t for t in storage.get_all_trials(study_id, deepcopy=False)}
+    if not any(t.constraints for t in trials.values()):
+        return body
+    data = json.loads(body)
+    maximize = [d == StudyDirection.MAXIMIZE for d in storage.get_study_directions(study_id)]
+    shown = {d["number"]: d for d in [*data.get("best_trials", []), *data.get("trials", [])]}
+    system_attrs = storage.get_study_system_attrs(study_id)
+    data["best_trials"] = [shown.get(t.number) or serialize_trial(study_id, t, system_attrs)
+                           for t in best_of(trials.values(), maximize)]
+    for d in [*data.get("trials", []), *data["best_trials"]]:
+        if d.get("number") in trials:
+            d["constraints"] = list(trials[d["number"]].constraints.values())
+    return _dumps(data)
 
 
 def _public_value(key: str, value: str) -> str:
@@ -48,7 +110,7 @@ def _hide_attrs_in_study(body: bytes) -> bytes:
                                if a.get("key") not in HIDDEN_TRIAL_ATTRS]
     data["union_user_attrs"] = [a for a in data.get("union_user_attrs", [])
                                 if a.get("key") not in HIDDEN_TRIAL_ATTRS]
-    return json.dumps(data).encode()
+    return _dumps(data)
 
 
 def _hide_attrs_in_csv(body: bytes) -> bytes:
@@ -102,7 +164,7 @@ def _hide_attrs_in_plot(body: bytes) -> bytes:
     data = json.loads(body)
     if isinstance(data, dict):
         data["data"] = _public_strings(data.get("data", []))
-    return json.dumps(data).encode()
+    return _dumps(data)
 
 
 # the answers that carry trials' user attributes, rewritten for non-admin tokens
@@ -135,8 +197,8 @@ class Filter:
         if message.get("more_body"):
             return
         body = b"".join(self.chunks)
-        if self.start["status"] == 200:
-            body = self.rewrite(body)
+        if self.start["status"] == 200:  # (a rewrite may read the database)
+            body = await run_in_threadpool(self.rewrite, body)
         headers = [(k, v) for k, v in self.start["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await self._send({**self.start, "headers": headers})

@@ -1,5 +1,6 @@
 """optuna-dashboard's in-process caches, which it keys by study id alone, kept to the study
-the id names now. The one module that reads optuna-dashboard's private names.
+the id names now; and its trial serializer (:func:`serialize_trial`). The one module that
+reads optuna-dashboard's private names.
 
 On SQLite, Optuna's ``studies.study_id`` is an ``INTEGER PRIMARY KEY`` without
 ``AUTOINCREMENT``: once the study with the highest id is deleted, the next study created
@@ -27,7 +28,8 @@ import datetime as dt
 import bottle
 import optuna_dashboard
 import sqlalchemy as sa
-from optuna_dashboard import _importance
+from optuna.trial import FrozenTrial
+from optuna_dashboard import _importance, _serializer
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -39,6 +41,14 @@ DASHBOARD_VERSION = "0.21.0"  # the optuna-dashboard whose private names are rea
 require("optuna-dashboard", optuna_dashboard.__version__, DASHBOARD_VERSION, __name__)
 
 Identity = tuple[str, dt.datetime | None]  # the Optuna study's name, the service's created_at
+
+
+def serialize_trial(study_id: int, trial: FrozenTrial, study_system_attrs: dict) -> dict:
+    """``trial`` as optuna-dashboard's ``/api/studies/ID`` answer holds it
+    (``_serializer.serialize_frozen_trial``): the service's rewrite of that answer's best
+    trials (``service.dashboard_answers.feasible_study``) serializes a best trial the
+    answer did not carry."""
+    return _serializer.serialize_frozen_trial(study_id, trial, study_system_attrs)
 
 
 def forget_study(bottle_app: bottle.Bottle, study_id: int) -> None:
