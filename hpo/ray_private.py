@@ -208,6 +208,16 @@ class HyperBand(HyperBandScheduler):
 OnExploit = Callable[[str, str, "int | None", dict, dict], None]
 
 
+def _last_report(result: dict, time_key: str) -> bool:
+    """Whether ``result`` is its trial's last: the trainer's ``stop_reason`` (it stops
+    itself), or its ``time_key`` at or past its ``planned_updates``."""
+    if result.get("stop_reason") is not None:
+        return True
+    step, planned = result.get(time_key), result.get("planned_updates")
+    return isinstance(step, int | float) and isinstance(planned, int | float) and \
+        step >= planned
+
+
 class PinnedExploits:
     """Mixin for Ray's ``PopulationBasedTraining`` and ``PB2``: pinned donor checkpoints,
     and a hook told of every exploit. Overrides PBT's private ``_checkpoint_or_exploit``
@@ -244,10 +254,18 @@ class PinnedExploits:
         PBT sent the receiver back to that checkpoint at each of its perturbation points,
         123 times in one breaker's run, retraining the same updates and never finishing.
         It trains on instead, as when the donor has no checkpoint.
+
+        Nor does a trial exploit at its last report (its planned updates reached, or its
+        trainer stopping itself: ``stop_reason``): sent to the donor's checkpoint with
+        nothing left to train, it reported the donor's evaluation again and ended
+        COMPLETE with the donor's value under its own parameters (the breaker's finding).
         """
         state = self._trial_state[trial]
         state.last_checkpoint = self._pin(trial, state) if trial in upper_quantile else None
         if trial not in lower_quantile:
+            return
+        if _last_report(state.last_result or {}, self.time_key):
+            log.info("trial %s made its last report: it does not exploit", trial)
             return
         trial_to_clone = random.choice(upper_quantile)
         checkpoint = self._trial_state[trial_to_clone].last_checkpoint

@@ -223,3 +223,42 @@ def test_a_trial_never_clones_the_same_donor_checkpoint_twice_in_a_row(tmp_path)
     pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
     pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
     assert exploits == [("r", "d", "pin-d-1"), ("r", "d", "pin-d-2")]
+
+
+@pytest.mark.parametrize("last", [
+    {"step": 12, "planned_updates": 12}, {"step": 13, "planned_updates": 12},
+    {"step": 8, "planned_updates": 12, "stop_reason": "stopped itself (early stopping)"}],
+    ids=["planned-updates", "past-them", "stopped-itself"])
+def test_a_trial_does_not_exploit_at_its_last_report(tmp_path, last):
+    """The breaker: exploited at its final report (step 12 of 12), a trial restarted from
+    the donor's checkpoint with nothing left to train, reported the donor's evaluation
+    again and ended COMPLETE with the donor's value. Before its last report it exploits."""
+    from hpo.ray_private import PinnedExploits
+
+    class Base:
+        def __init__(self, time_attr, **kwargs):
+            self._trial_state = {}
+
+        def _exploit(self, tune_controller, trial, trial_to_clone):
+            exploits.append(trial.trial_id)
+
+    class Scheduler(PinnedExploits, Base):
+        def _pin(self, trial, state):
+            return SimpleNamespace(path=f"pin-{trial.trial_id}")
+
+    class Trial:
+        def __init__(self, trial_id):
+            self.trial_id, self.config = trial_id, {}
+
+    exploits = []
+    pbt = Scheduler(tmp_path, None, "step")
+    donor, receiver = Trial("d"), Trial("r")
+    pbt._trial_state[donor] = SimpleNamespace(last_checkpoint=None,
+                                              last_result={"step": 12, "planned_updates": 12})
+    pbt._trial_state[receiver] = SimpleNamespace(last_checkpoint=None, last_result=last)
+    pbt._checkpoint_or_exploit(donor, None, [donor], [receiver])
+    pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
+    assert exploits == []
+    pbt._trial_state[receiver].last_result = {"step": 8, "planned_updates": 12}
+    pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
+    assert exploits == ["r"]
