@@ -200,8 +200,11 @@ class StudyOut(StudySummary):
     @classmethod
     def of(cls, v: StudyView) -> StudyOut:
         best = [TrialOut.of(t) for t in v.best]
-        return cls(**cls.fields_of(v), spec=v.row.spec,
-                   best_trial=best[0] if len(best) == 1 else None, best_trials=best,
+        objective = v.row.spec.get("objective")
+        several = isinstance(objective, list) and len(objective) > 1  # a front of one is
+        return cls(**cls.fields_of(v), spec=v.row.spec,       # no best trial (helper-35)
+                   best_trial=best[0] if len(best) == 1 and not several else None,
+                   best_trials=best,
                    device_seconds=round(v.device_seconds, 3), attempts=v.row.attempts,
                    dashboard_url=(f"/dashboard/studies/{v.optuna_id}"
                                   if v.optuna_id is not None else None),

@@ -146,6 +146,20 @@ def test_the_view_answers_what_optunas_public_api_computes(client, tokens, app, 
                                                  for t in study.trials)
 
 
+def test_a_pareto_front_of_one_trial_is_no_best_trial(client, tokens, app):
+    """The breaker: a two-objective study whose front held one trial answered it as
+    ``best_trial``, which the schema keeps for a single objective."""
+    h = bearer(tokens["alice"])
+    client.post("/v1/studies", json=tiny_spec("front-of-one", n_trials=3, objective=[
+        {"metric": "val_accuracy"}, {"metric": "val_loss"}]), headers=h)
+    tracker = _drive(app, "front-of-one")
+    study = optuna.load_study(study_name="front-of-one",
+                              storage=app.state.components.studies.storage)
+    _finish(study, tracker, 1, 2)
+    body = client.get("/v1/studies/front-of-one", headers=h).json()
+    assert [t["number"] for t in body["best_trials"]] == [0] and body["best_trial"] is None
+
+
 def test_the_list_reads_no_table_of_optunas(client, tokens, app):
     h = bearer(tokens["alice"])
     for name in ("one", "two", "queued"):
