@@ -401,15 +401,20 @@ def best(name: NameArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> No
 
 
 def _print_best(study: dict) -> None:
+    """The best trial, or for several objectives the Pareto front (as ``hpo run`` ends)."""
     objectives = study["spec"]["objective"]
     metrics = [o["metric"] for o in (objectives if isinstance(objectives, list) else
                                      [objectives])]
+    front = len(metrics) > 1
+    if front and study["best_trials"]:
+        out.print(f"Pareto front: {len(study['best_trials'])} trial(s)", highlight=False)
     for t in study["best_trials"]:
         values = ", ".join(f"{m} = {_short(v)}" for m, v in zip(metrics, t["values"] or [],
                                                                 strict=False))
-        out.print(f"best trial #{t['number']}: {values}", highlight=False)
+        out.print(f"  #{t['number']}: {values}" if front else
+                  f"best trial #{t['number']}: {values}", highlight=False)
         for key, value in t["params"].items():
-            out.print(f"  {key} = {value!r}", highlight=False)
+            out.print(f"{'    ' if front else '  '}{key} = {value!r}", highlight=False)
 
 
 def _short(value) -> str:

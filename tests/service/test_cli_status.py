@@ -34,6 +34,21 @@ def test_status_says_why_a_study_with_constraints_has_no_best_trial(
     assert ("best trial #1: val_accuracy = 0.9" in output) is bool(best)
 
 
+def test_status_of_several_objectives_shows_the_pareto_front(monkeypatch):
+    """The breaker: each member of the front was printed as ``best trial #N``."""
+    study = _study([], 2, [{"number": 0, "values": [0.9, 0.3], "params": {"lr": 0.1}},
+                           {"number": 1, "values": [0.8, 0.2], "params": {"lr": 0.2}}])
+    study["spec"]["objective"] = [{"metric": "val_accuracy"}, {"metric": "val_loss"}]
+    monkeypatch.setattr(Client, "study", lambda self, name: study)
+    result = CliRunner().invoke(hpo.cli.app, ["status", "s"], env={"HPO_TOKEN": "hpo_x"})
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.output.splitlines() if line.strip()]
+    assert lines[lines.index("Pareto front: 2 trial(s)"):] == [
+        "Pareto front: 2 trial(s)", "#0: val_accuracy = 0.9, val_loss = 0.3", "lr = 0.1",
+        "#1: val_accuracy = 0.8, val_loss = 0.2", "lr = 0.2"]
+    assert "best trial" not in result.output
+
+
 HOSTILE_NAMES = ["zzz/../victim", "victim?x=1", "victim#frag", "..", ".", "", "a b", "-x",
                  "%2e%2e", "victim/stop", "v\r\nX-Injected: 1", "é", "a" * 65]
 NAME_COMMANDS = [["status"], ["trials"], ["stop"], ["best"], ["model"],
