@@ -9,10 +9,14 @@ from service.client import Client
 
 
 def describe(study: dict) -> str:
-    """``RUNNING  2 running  3 pruned  0 failed  best 0.9721``."""
+    """``RUNNING  2 running  3 pruned  0 failed  best 0.9721`` (several objectives:
+    ``front 3``, the Pareto front's size)."""
     c = study["counts"]
-    best = study["best_trials"][0]["values"][0] if study["best_trials"] else None
-    best_text = f"best {best:.4f}" if isinstance(best, float) else "best -"
+    if isinstance(study["spec"].get("objective"), list) and len(study["spec"]["objective"]) > 1:
+        best_text = f"front {len(study['best_trials'])}"
+    else:
+        best = study["best_trials"][0]["values"][0] if study["best_trials"] else None
+        best_text = f"best {best:.4f}" if isinstance(best, float) else "best -"
     return (f"{study['status']:<9} {c['running']} running  {c['pruned']} pruned  "
             f"{c['failed']} failed  {best_text}")
 

@@ -132,3 +132,20 @@ def test_users_text_is_printed_as_it_is_never_as_markup_or_emoji(monkeypatch, co
     assert shown in result.output
     if command == "trials":
         assert f"ValueError: {text}" in result.output
+
+
+@pytest.mark.parametrize(("objective", "best", "says"), [
+    ({"metric": "val_accuracy"}, [{"values": [0.97213]}], "best 0.9721"),
+    ({"metric": "val_accuracy"}, [], "best -"),
+    ([{"metric": "val_accuracy"}, {"metric": "val_loss"}],
+     [{"values": [0.9, 0.3]}, {"values": [0.8, 0.2]}], "front 2"),
+    ([{"metric": "val_accuracy"}, {"metric": "val_loss"}], [], "front 0")])
+def test_submit_wait_s_progress_line_names_the_front_for_several_objectives(objective, best,
+                                                                           says):
+    """The breaker: a multi-objective study's line showed ``best`` and the first value of
+    an arbitrary member of the front."""
+    from service.progress import describe
+
+    study = _study([], 2, best)
+    study["spec"]["objective"] = objective
+    assert describe(study) == f"COMPLETED 0 running  0 pruned  0 failed  {says}"
