@@ -178,7 +178,9 @@ def end_lines(end: NoteEnd, spec: StudySpec) -> list[str]:
         lines += ["", f"Pareto front: **{end.n_pareto}** trial"
                       f"{'s' if end.n_pareto != 1 else ''}"]
     elif end.status != "FAILED":
-        lines += ["", "No trial completed."]
+        lines += ["", "No complete and feasible trial: every complete trial breaks a "
+                      "constraint." if end.n_complete and spec.constraints else
+                      "No trial completed."]
     return lines
 
 

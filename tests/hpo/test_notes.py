@@ -184,3 +184,16 @@ def test_note_lists_the_constraints():
                                            {"metric": "val_loss", "min": 0.1}]))
     assert "| constraints | `peak_memory_bytes` ≤ 2e+08, `val_loss` ≥ 0.1 |" in note
     assert "| constraints |" not in study_note(spec_of())
+
+
+@pytest.mark.parametrize("objective", [None, MULTI], ids=["one-objective", "front"])
+def test_the_note_of_a_study_whose_complete_trials_all_break_a_constraint_says_so(objective):
+    """The breaker: such a note said "3 complete" and then "No trial completed"."""
+    end = note_end(StudyOutcome("c", Counts(complete=3), stopped=False, interrupted=False,
+                                best_number=None, best_value=None, best_params=None,
+                                pareto_front=[] if objective else None))
+    over = {"constraints": [{"metric": "peak_memory_bytes", "max": 1.0}]}
+    spec = spec_of(**over, **({"objective": objective} if objective else {}))
+    assert study_note(spec, end=end).endswith(
+        "**COMPLETED**: 3 complete, 0 pruned, 0 failed.\n\n"
+        "No complete and feasible trial: every complete trial breaks a constraint.\n")
