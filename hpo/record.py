@@ -415,11 +415,15 @@ class StudyRecord:
                 "last_values": last_values(self.spec, last)})
             return TrialState.PRUNED
         values = final_values(self.spec, t.last, t.values)
+        metrics = [o.metric for o in self.spec.objectives]
         if values is None:
-            return self.fail(ray_trial_id, "no result reported")
-        bad = [v for v in values if not math.isfinite(v)]
+            missing = [m for m in metrics if m not in last]
+            return self.fail(ray_trial_id, "no result reported" if not last else
+                             f"its last result has no {', '.join(missing)} (an objective)")
+        bad = [(m, v) for m, v in zip(metrics, values, strict=False) if not math.isfinite(v)]
         if bad:
-            return self.fail(ray_trial_id, f"objective is {bad[0]} (not finite)")
+            return self.fail(ray_trial_id, f"objective {bad[0][0]} is {bad[0][1]} "
+                                           "(not finite)")
         reason = (f"stopped itself ({str(trainer_stop).replace('_', ' ')})" if not at_end else
                   "reached its planned updates" if budget == planned else
                   f"reached the scheduler's max_t ({budget} updates)")

@@ -263,3 +263,24 @@ def test_a_failing_listener_never_breaks_the_record(sqlite_url):
     record.result("r1", _result(40, 0.5))
     assert record.complete_or_prune("r1", "fifo") == TrialState.COMPLETE
     assert record.listener.seen[-1] == (0, TrialState.COMPLETE, {40: 0.5})
+
+
+@pytest.mark.parametrize(("last", "reason"), [
+    ({}, "no result reported"),
+    ({"val_loss": 0.5}, "its last result has no val_score (an objective)"),
+    ({"samples": 8}, "its last result has no val_loss, val_score (an objective)"),
+    ({"val_loss": 0.5, "val_score": math.nan}, "objective val_score is nan (not finite)"),
+    ({"val_loss": -math.inf, "val_score": 0.9}, "objective val_loss is -inf (not finite)"),
+], ids=["nothing", "one-missing", "both-missing", "nan", "-inf"])
+def test_a_trial_ends_fail_naming_the_objective_its_last_result_lacks(sqlite_url, unique_name,
+                                                                      last, reason):
+    """The breaker: a last result without an objective said "no result reported" (it had
+    reported), and a NaN one did not say which objective."""
+    spec = _spec(unique_name, objective=[{"metric": "val_loss"},
+                                         {"metric": "val_score", "direction": "maximize"}])
+    record = StudyRecord(spec, open_storage(sqlite_url))
+    record.ask("r1")
+    if last:
+        record.result("r1", {"step": 40, "planned_updates": 40, **last})
+    assert record.complete_or_prune("r1", "fifo") == TrialState.FAIL
+    assert _trial(record, "r1").user_attrs["fail_reason"] == reason
