@@ -385,6 +385,27 @@ def _check_warm_start(spec: StudySpec) -> list[dict]:
     return errors
 
 
+def first_judgement(s, at: str = "scheduler") -> tuple[str, int] | None:
+    """Where a scheduler (or Optuna pruner) first judges a trial: the field that sets it
+    (``scheduler.grace_period``, ``scheduler.pruner.n_warmup_steps``, ...) and the update
+    before which it never stops one; ``None`` for the others (FIFO, Hyperband, PBT, and
+    a pruner that starts at once)."""
+    name = s.name
+    if at == "scheduler" and name in ("asha", "mo-asha", "median"):
+        return f"{at}.grace_period", s.grace_period
+    if at == "scheduler":
+        return first_judgement(s.pruner, f"{at}.pruner") if name == "optuna-pruner" else None
+    if name in ("median", "percentile") and s.n_warmup_steps:
+        return f"{at}.n_warmup_steps", s.n_warmup_steps
+    if name in ("successive-halving", "hyperband") and isinstance(s.min_resource, int):
+        return f"{at}.min_resource", s.min_resource
+    if name == "wilcoxon" and s.n_startup_steps:
+        return f"{at}.n_startup_steps", s.n_startup_steps
+    if name == "patient" and s.wrapped is not None:
+        return first_judgement(s.wrapped, f"{at}.wrapped")
+    return None
+
+
 def check_budgets(spec: StudySpec) -> None:
     """Refuse scheduler budgets that the trials' planned updates make meaningless.
 
@@ -395,7 +416,9 @@ def check_budgets(spec: StudySpec) -> None:
     Raises:
         SpecError: the task's training or validation set is empty with the spec's config
             (every trial would fail: helper-32 saw a study accepted and each of its
-            trials fail), ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, a
+            trials fail), a scheduler's or pruner's first judgement beyond the trials'
+            planned updates (:func:`first_judgement`: it would never stop a trial),
+            ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, a
             ``reduction_factor`` that makes more than :data:`hpo.algorithms.MAX_RUNGS`
             rungs up to ``max_t`` (ASHA, MO-ASHA, Hyperband), or a PBT/PB2
             ``perturbation_interval`` not below the trials' planned updates.
@@ -407,11 +430,12 @@ def check_budgets(spec: StudySpec) -> None:
             raise SpecError.at("task", f"task {spec.task!r} gives an empty {name} set with "
                                "this config: every trial would fail")
     s = spec.scheduler
-    if s.name not in ("asha", "mo-asha", "hyperband", *POPULATION_SCHEDULERS) or (
-            s.name == "hyperband" and s.max_t is not None):  # judged by parse_spec already
-        return
+    first = first_judgement(s)
+    rungs = s.name in ("asha", "mo-asha") or (s.name == "hyperband" and s.max_t is None)
+    if first is None and not rungs and s.name not in POPULATION_SCHEDULERS:
+        return  # (Hyperband with its max_t: judged by parse_spec already)
     planned = trainers.planned_updates(task, config)
-    if s.name in ("asha", "mo-asha", "hyperband"):
+    if rungs:
         max_t = s.max_t or planned
         where = "max_t" if s.max_t else "the trials' planned updates"
         grace = getattr(s, "grace_period", 1)  # Hyperband's least rung: 1 update
@@ -419,7 +443,12 @@ def check_budgets(spec: StudySpec) -> None:
             raise SpecError.at("scheduler.grace_period", f"{grace} is beyond {where} ({max_t})")
         if why := rungs_problem(grace, max_t, s.reduction_factor, where):
             raise SpecError.at("scheduler.reduction_factor", why)
-    elif s.perturbation_interval >= planned:
+    elif s.name in POPULATION_SCHEDULERS and s.perturbation_interval >= planned:
         raise SpecError.at("scheduler.perturbation_interval",
                            f"{s.perturbation_interval} is not below the trials' {planned} "
                            f"planned updates: no trial would ever be perturbed")
+    if first is not None and first[1] > planned:  # (ASHA's with a max_t above them too:
+        field, step = first                        # the breaker's finding)
+        raise SpecError.at(field, f"{step} is beyond the trials' {planned} planned updates: "
+                                  "no trial would ever be judged (the study would run as "
+                                  "fifo)")

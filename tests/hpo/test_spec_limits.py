@@ -8,6 +8,8 @@ parameters are validated, and the text scan and warm-start lookups find what the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import trainers.fields
@@ -214,3 +216,55 @@ def test_a_task_with_an_empty_dataset_is_refused_when_the_study_starts(
         check_budgets(spec)
     assert info.value.errors == [{"loc": "task", "msg": f"task 'toy-hpo' gives an empty {empty} "
                                   "set with this config: every trial would fail"}]
+
+
+TWO = [{"metric": "val_accuracy"}, {"metric": "val_loss", "direction": "minimize"}]
+
+
+@pytest.mark.parametrize(("scheduler", "loc"), [
+    ({"name": "asha", "grace_period": 500, "max_t": 1000}, "scheduler.grace_period"),
+    ({"name": "mo-asha", "grace_period": 500, "max_t": 1000}, "scheduler.grace_period"),
+    ({"name": "median", "grace_period": 24}, "scheduler.grace_period"),
+    ({"name": "optuna-pruner", "pruner": {"name": "median", "n_warmup_steps": 30}},
+     "scheduler.pruner.n_warmup_steps"),
+    ({"name": "optuna-pruner", "pruner": {"name": "percentile", "percentile": 25.0,
+                                          "n_warmup_steps": 24}},
+     "scheduler.pruner.n_warmup_steps"),
+    ({"name": "optuna-pruner", "pruner": {"name": "successive-halving",
+                                          "min_resource": 40}}, "scheduler.pruner.min_resource"),
+    ({"name": "optuna-pruner", "pruner": {"name": "hyperband", "min_resource": 40}},
+     "scheduler.pruner.min_resource"),
+    ({"name": "optuna-pruner", "pruner": {"name": "wilcoxon", "n_startup_steps": 24}},
+     "scheduler.pruner.n_startup_steps"),
+    ({"name": "optuna-pruner", "pruner": {"name": "patient", "patience": 1, "wrapped": {
+        "name": "median", "n_warmup_steps": 100}}}, "scheduler.pruner.wrapped.n_warmup_steps"),
+], ids=["asha", "mo-asha", "median", "median-pruner", "percentile", "successive-halving",
+        "hyperband-pruner", "wilcoxon", "patient"])
+def test_a_scheduler_that_would_never_judge_a_trial_is_refused_when_the_study_starts(
+        scheduler, loc):
+    """The breaker: ASHA with a max_t above the trials' 23 planned updates and its
+    grace_period between the two was accepted, and ran as FIFO. Each scheduler and
+    pruner whose first judgement lies beyond the planned updates is refused so."""
+    from hpo.validation import check_budgets
+
+    objective = TWO if scheduler["name"] == "mo-asha" else {"metric": "val_accuracy"}
+    spec = parse_spec({**BASE, "objective": objective, "scheduler": scheduler})
+    with pytest.raises(SpecError) as info:
+        check_budgets(spec)
+    step = int(info.value.errors[0]["msg"].split()[0])
+    assert info.value.errors == [{"loc": loc, "msg": f"{step} is beyond the trials' 23 "
+                                  "planned updates: no trial would ever be judged (the study "
+                                  "would run as fifo)"}]
+    # at the planned updates themselves: accepted
+    at = parse_spec({**BASE, "objective": objective, "scheduler": _with(scheduler, loc, 23)})
+    check_budgets(at)
+
+
+def _with(scheduler: dict, loc: str, value: int) -> dict:
+    """``scheduler`` with the field at ``loc`` (``scheduler.a.b``) set to ``value``."""
+    out = json.loads(json.dumps(scheduler))
+    node, *path, last = [out, *loc.split(".")[1:]]
+    for key in path:
+        node = node[key]
+    node[last] = value
+    return out
