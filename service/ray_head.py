@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 
-from service.process import die_with_parent, lower_priority
+from service.process import die_with_parent, end_session, lower_priority
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                       "auth_mode": os.environ.get("RAY_AUTH_MODE")}), flush=True)
     done.wait()
     ray.shutdown()
+    end_session()  # what of Ray is left in this session of its own (its agents)
     return 0
 
 
