@@ -352,7 +352,8 @@ def list_studies(status_filter: Annotated[str | None, typer.Option(
 def trials(name: NameArg, offset: OffsetOpt = 0,
            limit: LimitOpt = 50,
            url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
-    """A page of a study's trials: state, value, parameters, who stopped it."""
+    """A page of a study's trials: state, value (each objective's), parameters, who stopped
+    it, and whether it breaks a constraint."""
     from service.client import ApiError
 
     try:
@@ -364,8 +365,10 @@ def trials(name: NameArg, offset: OffsetOpt = 0,
         attrs = t["user_attrs"]
         note = attrs.get("fail_reason") or (f"stopped by {attrs['stopped_by']}"
                                              if attrs.get("stopped_by") else "")
-        value = "" if t["value"] is None else f"{t['value']:.6g}" if isinstance(
-            t["value"], float) else str(t["value"])
+        if t.get("feasible") is False:  # it breaks a constraint: never the best trial
+            note = f"infeasible; {note}" if note else "infeasible"
+        values = t.get("values") or ([] if t["value"] is None else [t["value"]])
+        value = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values)
         params = ", ".join(f"{k}={_short(v)}" for k, v in t["params"].items())
         table.add_row(str(t["number"]), t["state"], value, params, note[:60])
     out.print(table)

@@ -149,3 +149,24 @@ def test_submit_wait_s_progress_line_names_the_front_for_several_objectives(obje
     study = _study([], 2, best)
     study["spec"]["objective"] = objective
     assert describe(study) == f"COMPLETED 0 running  0 pruned  0 failed  {says}"
+
+
+def test_trials_shows_every_objective_and_which_trials_are_infeasible(monkeypatch):
+    """The breaker: ``hpo trials`` showed the first objective alone, and nothing marked the
+    infeasible trial with the best value."""
+    page = {"total": 3, "items": [
+        {"number": 0, "state": "COMPLETE", "value": 0.9, "values": [0.9, 0.25],
+         "params": {"lr": 0.1}, "user_attrs": {}, "feasible": True},
+        {"number": 1, "state": "COMPLETE", "value": 0.99, "values": [0.99, 0.5],
+         "params": {"lr": 0.2}, "user_attrs": {}, "feasible": False},
+        {"number": 2, "state": "PRUNED", "value": None, "values": None,
+         "params": {"lr": 0.3}, "user_attrs": {"stopped_by": "mo-asha"}, "feasible": False}]}
+    monkeypatch.setattr(Client, "trials", lambda self, name, offset, limit: page)
+    result = CliRunner().invoke(hpo.cli.app, ["trials", "s"],
+                                env={"HPO_TOKEN": "hpo_x", "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = [line.replace("│", " ").split() for line in result.output.splitlines()
+            if line.replace("│", " ").split()[:1] in (["0"], ["1"], ["2"])]
+    assert rows == [["0", "COMPLETE", "0.9,", "0.25", "lr=0.1"],
+                    ["1", "COMPLETE", "0.99,", "0.5", "lr=0.2", "infeasible"],
+                    ["2", "PRUNED", "lr=0.3", "infeasible;", "stopped", "by", "mo-asha"]]
