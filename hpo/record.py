@@ -285,15 +285,17 @@ class StudyRecord:
         t = self.trials.get(ray_trial_id)
         return t.number if t is not None else ray_trial_id
 
-    def rung_recorded(self, key: int | str, milestone: float, values: list[float]) -> None:
+    def rung_recorded(self, key: int | str, milestone: float, values: list[float],
+                      went_on: bool = True) -> None:
         """Keep a vector mo-asha recorded at a rung in the trial's user attribute
-        ``mo_rungs`` (``[[milestone, [value, ...]], ...]``, raw objective values)."""
+        ``mo_rungs`` (``[[milestone, [value, ...]], ...]``, raw objective values; an entry
+        where the rule stopped the trial ends with ``"stopped"``)."""
         if not isinstance(key, int):
             return
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, key)
         kept = self.storage.get_trial(trial_id).user_attrs.get(MO_RUNGS_ATTR, [])
-        self.storage.set_trial_user_attr(trial_id, MO_RUNGS_ATTR,
-                                         [*kept, [milestone, values]])
+        entry = [milestone, values] if went_on else [milestone, values, "stopped"]
+        self.storage.set_trial_user_attr(trial_id, MO_RUNGS_ATTR, [*kept, entry])
 
     def asha_bracket(self, ray_trial_id: str, drawn: int) -> int:
         """The ASHA bracket a trial goes on in: the one its ``asha_bracket`` attribute keeps

@@ -118,17 +118,26 @@ class MoRungs:
             milestone *= reduction_factor
         # per rung: trial key -> its signed objective vector, in the order recorded
         self.recorded: list[dict[Hashable, np.ndarray]] = [{} for _ in self.milestones]
-        # told (key, milestone, raw values) of each vector recorded (the study's record)
-        self.on_record: Callable[[Hashable, float, list[float]], None] | None = None
+        # told (key, milestone, raw values, whether the trial went on) of each vector
+        # recorded (the study's record)
+        self.on_record: Callable[[Hashable, float, list[float], bool], None] | None = None
+        # trials a restored record says were stopped (their end was not stored: a trial
+        # resumed by a new driver is stopped at its first result, as it was before)
+        self.stopped: set[Hashable] = set()
 
-    def restore(self, entries: Iterable[tuple[Hashable, float, Sequence[float]]]) -> int:
+    def restore(self, entries: Iterable[tuple[Hashable, float, Sequence[float], bool]]
+                ) -> int:
         """Put back vectors recorded before (a driver restarted: ``(key, milestone, raw
-        values)`` as :attr:`on_record` was told them), so that the rule goes on ranking
-        against them; entries of a milestone this bracket lacks, or not finite, are
-        skipped. The order does not matter: a decision ranks against the whole rung.
+        values, went_on)`` as :attr:`on_record` was told them), so that the rule goes on
+        ranking against them; entries of a milestone this bracket lacks, or not finite, are
+        skipped. The order does not matter: a decision ranks against the whole rung. A
+        trial that did not go on is stopped at its next result (:attr:`stopped`: the
+        driver that stopped it died before its end was stored; the breaker's suspicion).
         Returns how many were put back."""
         restored = 0
-        for key, milestone, values in entries:
+        for key, milestone, values, went_on in entries:
+            if not went_on:
+                self.stopped.add(key)
             index = next((i for i, m in enumerate(self.milestones)
                           if math.isclose(m, milestone)), None)
             if index is None or len(values) != len(self.signs) or key in self.recorded[index] \
@@ -148,7 +157,7 @@ class MoRungs:
         ``values``: the trial's objectives in the order of ``directions`` (raw, not
         signed), or None when one is missing.
         """
-        if updates >= self.max_t:
+        if updates >= self.max_t or trial_id in self.stopped:
             return False
         if values is None or not all(math.isfinite(v) for v in values):
             return False
@@ -158,11 +167,12 @@ class MoRungs:
         rung = self.recorded[index]
         loss = self.signs * np.asarray(values, dtype=float)
         keep = math.ceil((len(rung) + 1) / self.reduction_factor)
-        ahead = self._ahead(np.array([*rung.values(), loss]))
+        went_on = self._ahead(np.array([*rung.values(), loss])) < keep
         rung[trial_id] = loss
         if self.on_record is not None:
-            self.on_record(trial_id, self.milestones[index], [float(v) for v in values])
-        return ahead < keep
+            self.on_record(trial_id, self.milestones[index], [float(v) for v in values],
+                           went_on)
+        return went_on
 
     def _rung(self, updates: float) -> int | None:
         """The index of the highest rung at or below ``updates``, None below the first."""

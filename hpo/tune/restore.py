@@ -63,20 +63,21 @@ def stored_curves(record: StudyRecord) -> list[tuple[int, dict[int, float], bool
     return out
 
 
-def stored_rungs(record: StudyRecord) -> list[tuple[int, float, list[float]]]:
-    """Every vector kept by ``StudyRecord.rung_recorded``, as ``(number, milestone, values)``
-    (a trial's malformed attribute is skipped; a requeued trial's are left out). A
+def stored_rungs(record: StudyRecord) -> list[tuple[int, float, list[float], bool]]:
+    """Every vector kept by ``StudyRecord.rung_recorded``, as ``(number, milestone, values,
+    went_on)`` (a trial's malformed entry is skipped; a requeued trial's are left out). A
     resumed trial keeps its vectors past its checkpoint: mo-asha judges a trial once
     at the highest rung a report reaches, so its reports again are let on, as they
-    were."""
+    were; one whose entry says the rule stopped it is stopped again."""
     out = []
     for trial in record.study.get_trials(deepcopy=False):
         if trial.user_attrs.get("requeued"):  # runs again as a new trial
             continue
         for entry in trial.user_attrs.get(MO_RUNGS_ATTR) or []:
-            if isinstance(entry, list) and len(entry) == 2 and isinstance(
-                    entry[0], (int, float)) and isinstance(entry[1], list):
-                out.append((trial.number, float(entry[0]), entry[1]))
+            if isinstance(entry, list) and len(entry) in (2, 3) and isinstance(
+                    entry[0], (int, float)) and isinstance(entry[1], list) and (
+                    len(entry) == 2 or entry[2] == "stopped"):
+                out.append((trial.number, float(entry[0]), entry[1], len(entry) == 2))
     return out
 
 

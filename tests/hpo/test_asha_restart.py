@@ -423,7 +423,8 @@ def test_requeued_trials_are_left_out_and_resumed_ones_cut_at_their_checkpoint(
         trial = study.ask(dist)
         for step in (3, 6, 9):
             trial.report(1.0 + step, step)
-        for key, value in {**attrs, "mo_rungs": [[3.0, [1.0, 2.0]], [9.0, [3.0, 4.0]]]}.items():
+        for key, value in {**attrs, "mo_rungs": [[3.0, [1.0, 2.0]], [9.0, [3.0, 4.0], "stopped"],
+                                                  [9.0, [5.0], "what"], [1.0]]}.items():
             trial.set_user_attr(key, value)
         if name == "requeued":
             study.tell(trial, state=TrialState.FAIL)
@@ -431,10 +432,11 @@ def test_requeued_trials_are_left_out_and_resumed_ones_cut_at_their_checkpoint(
     stored = {number: (curve, ended) for number, curve, ended in stored_curves(record)}
     assert stored == {curves["resumed"]: ({3: 4.0, 6: 7.0}, False)}
     # mo-asha's vectors: the requeued trial's left out; the resumed one's all kept (it is
-    # judged once per rung, so its reports again past the checkpoint are let on)
+    # judged once per rung, so its reports again past the checkpoint are let on), a stop
+    # kept as such, malformed entries left out
     assert sorted(stored_rungs(record)) == sorted(
-        (n, m, v) for n in (curves["resumed"], curves["unreadable"])
-        for m, v in ((3.0, [1.0, 2.0]), (9.0, [3.0, 4.0])))
+        (n, m, v, went_on) for n in (curves["resumed"], curves["unreadable"])
+        for m, v, went_on in ((3.0, [1.0, 2.0], True), (9.0, [3.0, 4.0], False)))
 
 
 def test_a_trial_resumed_from_an_older_checkpoint_is_judged_as_the_first_time():

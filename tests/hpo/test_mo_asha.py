@@ -312,7 +312,26 @@ def test_a_restarted_driver_ranks_against_the_vectors_recorded_before_it(
     assert ran[5.0].user_attrs["mo_rungs"] == [[3.0, [5.5, -5.5]],
                                                [6.0, [pytest.approx(5 + 1 / 3),
                                                       pytest.approx(-5 - 1 / 3)]]]
-    assert ran[6.0].user_attrs["mo_rungs"] == [[3.0, [6.5, -6.5]]]
+    assert ran[6.0].user_attrs["mo_rungs"] == [[3.0, [6.5, -6.5], "stopped"]]
+
+
+def test_a_trial_stopped_before_its_end_was_stored_is_stopped_again_when_resumed():
+    """The breaker's suspicion: the rule records a stopped trial's vector as it decides;
+    a driver killed before the trial's end (PRUNED) was stored left it RUNNING with a
+    checkpoint, and the next driver, finding it recorded at that rung, let it go on.
+    The stop is kept with the vector, and a restored stop stops the trial again."""
+    from hpo.tune.mo_asha import MoRungs
+
+    told = []
+    rungs = MoRungs(1, 9, 3, ["minimize", "minimize"])
+    rungs.on_record = lambda *entry: told.append(entry)
+    assert rungs.decide(0, 1, [1.0, 1.0]) is True
+    assert rungs.decide(1, 1, [2.0, 2.0]) is False  # dominated
+    assert told == [(0, 1, [1.0, 1.0], True), (1, 1, [2.0, 2.0], False)]
+    restarted = MoRungs(1, 9, 3, ["minimize", "minimize"])
+    assert restarted.restore([(k, m, v, went_on) for k, m, v, went_on in told]) == 2
+    assert restarted.decide(1, 2, [0.0, 0.0]) is False  # its next result, however good
+    assert restarted.decide(0, 3, [0.5, 0.5]) is True and restarted.decide(2, 1, [0.9, 0.9])
 
 
 def test_nsga2_builds_its_generations_from_complete_trials_only():
