@@ -148,25 +148,48 @@ class _Controller:
         return []
 
 
-def _median() -> MedianStoppingRule:
-    rule = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=2)
+def _median(**changes) -> MedianStoppingRule:
+    rule = MedianStoppingRule(time_attr="step", **{"grace_period": 1,
+                                                    "min_samples_required": 2, **changes})
     rule.set_search_properties("val_loss", "min")
     return rule
 
 
-def test_the_restored_median_rule_has_the_results_and_decisions_of_the_uninterrupted_one():
-    rule, trials, stored = _median(), {}, {}
-    for n, curve in CURVES.items():  # one after another, as one driver at concurrency 1
-        trials[n] = Trial("toy", stub=True, trial_id=f"t{n}")
-        trials[n].set_status(Trial.RUNNING)
-        rule.on_trial_add(None, trials[n])
+def _one_after_another(rule: MedianStoppingRule) -> tuple[dict, dict]:
+    """CURVES fed to ``rule`` a trial after another, as one driver at concurrency 1 (a
+    trial stopped with ``hard_stop`` ends; without, it runs on, FIFO): the values stored
+    per trial, and the step each was stopped at."""
+    stored, stops = {}, {}
+    for n, curve in CURVES.items():
+        trial = Trial("toy", stub=True, trial_id=f"t{n}")
+        trial.set_status(Trial.RUNNING)
+        rule.on_trial_add(None, trial)
         stored[n] = {}
         for step, value in curve:
             result = {"step": step, "val_loss": value}
             stored[n][step] = value
-            if rule.on_trial_result(_Controller(), trials[n], result) == TrialScheduler.STOP:
+            before = trial in median_stopped(rule)
+            decision = rule.on_trial_result(_Controller(), trial, result)
+            if not before and trial in median_stopped(rule):
+                stops[n] = step
+            if decision == TrialScheduler.STOP:
                 break
-        rule.on_trial_complete(None, trials[n], result)
+        rule.on_trial_complete(None, trial, result)
+    return stored, stops
+
+
+def _late_trials_meet_the_same_decisions(rule, restored, reports) -> None:
+    for k, report in enumerate(reports):
+        late = Trial("toy", stub=True, trial_id=f"late{k}")  # a new trial, one report each
+        late.set_status(Trial.RUNNING)
+        decisions = {s.on_trial_result(_Controller(), late, dict(report))
+                     for s in (rule, restored)}
+        assert len(decisions) == 1, report
+
+
+def test_the_restored_median_rule_has_the_results_and_decisions_of_the_uninterrupted_one():
+    rule = _median()
+    stored, _ = _one_after_another(rule)
     restored = _median()
     assert restore_median(restored, "step", "val_loss",
                           [(n, v, True) for n, v in stored.items()]) == len(CURVES)
@@ -177,13 +200,9 @@ def test_the_restored_median_rule_has_the_results_and_decisions_of_the_uninterru
         got = median_results(restored)[restored_key(int(t.trial_id[1:]))]
         assert [(r["step"], r["val_loss"]) for r in got] == [
             (r["step"], r["val_loss"]) for r in results]
-    for k, report in enumerate(({"step": 1, "val_loss": 5.5}, {"step": 2, "val_loss": 5.0},
-                                {"step": 4, "val_loss": 2.0}, {"step": 4, "val_loss": 9.0})):
-        late = Trial("toy", stub=True, trial_id=f"late{k}")  # a new trial, one report each
-        late.set_status(Trial.RUNNING)
-        decisions = {s.on_trial_result(_Controller(), late, dict(report))
-                     for s in (rule, restored)}
-        assert len(decisions) == 1, report
+    _late_trials_meet_the_same_decisions(rule, restored, (
+        {"step": 1, "val_loss": 5.5}, {"step": 2, "val_loss": 5.0},
+        {"step": 4, "val_loss": 2.0}, {"step": 4, "val_loss": 9.0}))
 
 
 def test_without_hard_stop_the_restored_rule_holds_only_what_it_judged_and_whom_it_stopped():
@@ -193,27 +212,10 @@ def test_without_hard_stop_the_restored_rule_holds_only_what_it_judged_and_whom_
     stopped trial stays unjudged."""
     from hpo.tune.schedulers import RecordingScheduler
 
-    rule = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=1,
-                              hard_stop=False)
-    rule.set_search_properties("val_loss", "min")
-    trials, stored, stops = {}, {}, {}
-    for n, curve in CURVES.items():  # one after another; a stopped trial runs on (FIFO)
-        trials[n] = Trial("toy", stub=True, trial_id=f"t{n}")
-        trials[n].set_status(Trial.RUNNING)
-        rule.on_trial_add(None, trials[n])
-        stored[n] = {}
-        for step, value in curve:
-            result = {"step": step, "val_loss": value}
-            stored[n][step] = value
-            before = trials[n] in median_stopped(rule)
-            if rule.on_trial_result(_Controller(), trials[n], result) == \
-                    TrialScheduler.PAUSE and not before:
-                stops[n] = step
-        rule.on_trial_complete(None, trials[n], result)
+    rule = _median(min_samples_required=1, hard_stop=False)
+    stored, stops = _one_after_another(rule)
     assert stops and any(max(stored[n]) > at for n, at in stops.items())  # ran on after
-    restored = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=1,
-                                  hard_stop=False)
-    restored.set_search_properties("val_loss", "min")
+    restored = _median(min_samples_required=1, hard_stop=False)
     restore_median(restored, "step", "val_loss", [(n, v, True) for n, v in stored.items()],
                    stops)
     for t, results in median_results(rule).items():
@@ -221,17 +223,12 @@ def test_without_hard_stop_the_restored_rule_holds_only_what_it_judged_and_whom_
         assert [(r["step"], r["val_loss"]) for r in got] == [
             (r["step"], r["val_loss"]) for r in results]
     assert median_stopped(restored) == {restored_key(n) for n in stops}
-    for k, report in enumerate(({"step": 1, "val_loss": 5.5}, {"step": 2, "val_loss": 5.0},
-                                {"step": 4, "val_loss": 2.0}, {"step": 6, "val_loss": 9.0})):
-        late = Trial("toy", stub=True, trial_id=f"late{k}")
-        late.set_status(Trial.RUNNING)
-        assert len({s.on_trial_result(_Controller(), late, dict(report))
-                    for s in (rule, restored)}) == 1, report
+    _late_trials_meet_the_same_decisions(rule, restored, (
+        {"step": 1, "val_loss": 5.5}, {"step": 2, "val_loss": 5.0},
+        {"step": 4, "val_loss": 2.0}, {"step": 6, "val_loss": 9.0}))
     # a stopped trial a new driver resumes: unjudged, its reports left out, as before
     stopped_n = next(iter(stops))
-    restored = MedianStoppingRule(time_attr="step", grace_period=1, min_samples_required=1,
-                                  hard_stop=False)
-    restored.set_search_properties("val_loss", "min")
+    restored = _median(min_samples_required=1, hard_stop=False)
     curve = {s: v for s, v in stored[stopped_n].items() if s <= stops[stopped_n]}
     restore_median(restored, "step", "val_loss", [(stopped_n, curve, False)], stops)
     scheduler = RecordingScheduler(restored, _Record(stopped_n), "median",
