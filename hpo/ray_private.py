@@ -218,6 +218,17 @@ def _last_report(result: dict, time_key: str) -> bool:
         step >= planned
 
 
+def _leaves_nothing(donor: dict, receiver: dict, time_key: str) -> bool:
+    """Whether the donor's ``result`` (its checkpoint's) leaves a receiver nothing to train:
+    the donor's last report, or its ``time_key`` at or past the receiver's
+    ``planned_updates``."""
+    if _last_report(donor, time_key):
+        return True
+    step, planned = donor.get(time_key), receiver.get("planned_updates")
+    return isinstance(step, int | float) and isinstance(planned, int | float) and \
+        step >= planned
+
+
 class PinnedExploits:
     """Mixin for Ray's ``PopulationBasedTraining`` and ``PB2``: pinned donor checkpoints,
     and a hook told of every exploit. Overrides PBT's private ``_checkpoint_or_exploit``
@@ -256,18 +267,27 @@ class PinnedExploits:
         It trains on instead, as when the donor has no checkpoint.
 
         Nor does a trial exploit at its last report (its planned updates reached, or its
-        trainer stopping itself: ``stop_reason``): sent to the donor's checkpoint with
-        nothing left to train, it reported the donor's evaluation again and ended
-        COMPLETE with the donor's value under its own parameters (the breaker's finding).
+        trainer stopping itself: ``stop_reason``), nor clone a donor's last report or one
+        at or past its own planned updates: sent to such a checkpoint with nothing left to
+        train, it reported the donor's evaluation again and ended COMPLETE with the donor's
+        value under its own parameters (the breaker's finding).
         """
         state = self._trial_state[trial]
         state.last_checkpoint = self._pin(trial, state) if trial in upper_quantile else None
         if trial not in lower_quantile:
             return
-        if _last_report(state.last_result or {}, self.time_key):
+        own = state.last_result or {}
+        if _last_report(own, self.time_key):
             log.info("trial %s made its last report: it does not exploit", trial)
             return
-        trial_to_clone = random.choice(upper_quantile)
+        # nor clone a donor's checkpoint that leaves it nothing to train (the review's
+        # finding: the same end, reached from the donor's side)
+        donors = [t for t in upper_quantile if not _leaves_nothing(
+            self._trial_state[t].last_result or {}, own, self.time_key)]
+        if not donors:
+            log.info("every top trial made its last report: trial %s trains on", trial)
+            return
+        trial_to_clone = random.choice(donors)
         checkpoint = self._trial_state[trial_to_clone].last_checkpoint
         if checkpoint is None:
             log.info("no checkpoint for trial %s: trial %s does not exploit it",

@@ -256,9 +256,51 @@ def test_a_trial_does_not_exploit_at_its_last_report(tmp_path, last):
     pbt._trial_state[donor] = SimpleNamespace(last_checkpoint=None,
                                               last_result={"step": 12, "planned_updates": 12})
     pbt._trial_state[receiver] = SimpleNamespace(last_checkpoint=None, last_result=last)
+    pbt._trial_state[donor] = SimpleNamespace(last_checkpoint=None,
+                                              last_result={"step": 9, "planned_updates": 12})
     pbt._checkpoint_or_exploit(donor, None, [donor], [receiver])
     pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
     assert exploits == []
     pbt._trial_state[receiver].last_result = {"step": 8, "planned_updates": 12}
     pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
     assert exploits == ["r"]
+
+
+@pytest.mark.parametrize("donor_last", [
+    {"step": 12, "planned_updates": 12}, {"step": 10, "planned_updates": 16},
+    {"step": 6, "planned_updates": 12, "stop_reason": "stopped itself (early stopping)"}],
+    ids=["its-last-report", "past-the-receivers-plan", "stopped-itself"])
+def test_a_trial_does_not_clone_a_checkpoint_that_leaves_it_nothing_to_train(tmp_path,
+                                                                            donor_last):
+    """The review: a donor's final checkpoint (or one at or past the receiver's planned
+    updates) sent the receiver there with nothing left to train, the same end as an
+    exploit at the receiver's own last report. Another top trial is cloned instead."""
+    from hpo.ray_private import PinnedExploits
+
+    class Base:
+        def __init__(self, time_attr, **kwargs):
+            self._trial_state = {}
+
+        def _exploit(self, tune_controller, trial, trial_to_clone):
+            exploits.append(trial_to_clone.trial_id)
+
+    class Scheduler(PinnedExploits, Base):
+        def _pin(self, trial, state):
+            return SimpleNamespace(path=f"pin-{trial.trial_id}")
+
+    class Trial:
+        def __init__(self, trial_id):
+            self.trial_id, self.config = trial_id, {}
+
+    exploits = []
+    pbt = Scheduler(tmp_path, None, "step")
+    done, going, receiver = Trial("done"), Trial("going"), Trial("r")
+    for t, last in ((done, donor_last), (going, {"step": 6, "planned_updates": 12}),
+                    (receiver, {"step": 8, "planned_updates": 10})):
+        pbt._trial_state[t] = SimpleNamespace(last_checkpoint=None, last_result=last)
+        pbt._checkpoint_or_exploit(t, None, [done, going], [])  # pinned
+    for _ in range(8):  # whichever the random pick
+        pbt._cloned.clear()
+        pbt._checkpoint_or_exploit(receiver, None, [done], [receiver])
+        pbt._checkpoint_or_exploit(receiver, None, [done, going], [receiver])
+    assert exploits == ["going"] * 8
