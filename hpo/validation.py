@@ -397,7 +397,10 @@ def first_judgement(s, at: str = "scheduler") -> tuple[str, int] | None:
         return first_judgement(s.pruner, f"{at}.pruner") if name == "optuna-pruner" else None
     if name in ("median", "percentile") and s.n_warmup_steps:
         return f"{at}.n_warmup_steps", s.n_warmup_steps
-    if name in ("successive-halving", "hyperband") and isinstance(s.min_resource, int):
+    if name == "successive-halving" and isinstance(s.min_resource, int):  # its first rung
+        return f"{at}.min_resource", s.min_resource * s.reduction_factor ** (
+            s.min_early_stopping_rate)
+    if name == "hyperband" and isinstance(s.min_resource, int):
         return f"{at}.min_resource", s.min_resource
     if name == "wilcoxon" and s.n_startup_steps:
         return f"{at}.n_startup_steps", s.n_startup_steps
@@ -406,8 +409,28 @@ def first_judgement(s, at: str = "scheduler") -> tuple[str, int] | None:
     return None
 
 
-def check_budgets(spec: StudySpec) -> None:
-    """Refuse scheduler budgets that the trials' planned updates make meaningless.
+def most_planned_updates(spec: StudySpec, planned: int) -> int:
+    """The most updates a trial of ``spec`` may plan: ``planned`` (the spec's config's), or
+    more where a searched value (``max_epochs``, ``micro_batch_size``, a task's data
+    option...) gives more, each parameter at its ends (``low``, ``high``) or choices with
+    the others at the config's values (a value the task refuses is left out). The review's
+    finding: a spec whose space raises the budget was refused on the config's alone."""
+    most = planned
+    for name, param in spec.search_space.items():
+        values = getattr(param, "choices", None) or [param.low, param.high]
+        for value in values:
+            try:
+                task, config = trainers.create(spec.task, {**spec.config, name: value})
+                most = max(most, trainers.planned_updates(task, config))
+            except Exception:  # noqa: BLE001 - a value this task or config refuses
+                continue
+    return most
+
+
+def check_budgets(spec: StudySpec, new: bool = True) -> None:
+    """Refuse scheduler budgets that the trials' planned updates make meaningless; ``new``:
+    the study is not stored yet (a scheduler that would never judge a trial is refused
+    then only: a stored study that ran so goes on so after a restart).
 
     Builds the task's datasets to count the planned updates, so it runs in the
     driver when the study starts (``hpo.tune.driver.run_study``), never on a
@@ -416,8 +439,9 @@ def check_budgets(spec: StudySpec) -> None:
     Raises:
         SpecError: the task's training or validation set is empty with the spec's config
             (every trial would fail: helper-32 saw a study accepted and each of its
-            trials fail), a scheduler's or pruner's first judgement beyond the trials'
-            planned updates (:func:`first_judgement`: it would never stop a trial),
+            trials fail), a scheduler's or pruner's first judgement beyond the most
+            updates a trial may plan (:func:`first_judgement`, :func:`most_planned_updates`:
+            it would never stop a trial),
             ASHA's (or MO-ASHA's) ``grace_period`` beyond ``max_t``, a
             ``reduction_factor`` that makes more than :data:`hpo.algorithms.MAX_RUNGS`
             rungs up to ``max_t`` (ASHA, MO-ASHA, Hyperband), or a PBT/PB2
@@ -447,8 +471,9 @@ def check_budgets(spec: StudySpec) -> None:
         raise SpecError.at("scheduler.perturbation_interval",
                            f"{s.perturbation_interval} is not below the trials' {planned} "
                            f"planned updates: no trial would ever be perturbed")
-    if first is not None and first[1] > planned:  # (ASHA's with a max_t above them too:
-        field, step = first                        # the breaker's finding)
-        raise SpecError.at(field, f"{step} is beyond the trials' {planned} planned updates: "
+    if new and first is not None and first[1] > planned and first[1] > (
+            most := most_planned_updates(spec, planned)):  # (ASHA's under a larger max_t
+        field, step = first                               # too: the breaker's finding)
+        raise SpecError.at(field, f"{step} is beyond the trials' {most} planned updates: "
                                   "no trial would ever be judged (the study would run as "
                                   "fifo)")

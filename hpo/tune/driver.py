@@ -226,7 +226,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     cluster_checked = False
     runtime_env = task_code(spec.task).runtime_env()  # the task's code, unless built in
     try:  # needs the task's datasets: at every start, before anything is stored
-        check_budgets(spec)
+        check_budgets(spec, new=not _stored(storage, spec.name))
     except SpecError as e:
         if not compare_spec:  # the service's own stored study: its note says why it failed
             note_failure(storage, spec, owner, public_message(str(e)))

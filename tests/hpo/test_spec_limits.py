@@ -232,6 +232,9 @@ TWO = [{"metric": "val_accuracy"}, {"metric": "val_loss", "direction": "minimize
      "scheduler.pruner.n_warmup_steps"),
     ({"name": "optuna-pruner", "pruner": {"name": "successive-halving",
                                           "min_resource": 40}}, "scheduler.pruner.min_resource"),
+    ({"name": "optuna-pruner", "pruner": {"name": "successive-halving", "min_resource": 6,
+                                          "min_early_stopping_rate": 1}},
+     "scheduler.pruner.min_resource"),  # its first rung: 6 x 4
     ({"name": "optuna-pruner", "pruner": {"name": "hyperband", "min_resource": 40}},
      "scheduler.pruner.min_resource"),
     ({"name": "optuna-pruner", "pruner": {"name": "wilcoxon", "n_startup_steps": 24}},
@@ -239,7 +242,7 @@ TWO = [{"metric": "val_accuracy"}, {"metric": "val_loss", "direction": "minimize
     ({"name": "optuna-pruner", "pruner": {"name": "patient", "patience": 1, "wrapped": {
         "name": "median", "n_warmup_steps": 100}}}, "scheduler.pruner.wrapped.n_warmup_steps"),
 ], ids=["asha", "mo-asha", "median", "median-pruner", "percentile", "successive-halving",
-        "hyperband-pruner", "wilcoxon", "patient"])
+        "successive-halving-rate", "hyperband-pruner", "wilcoxon", "patient"])
 def test_a_scheduler_that_would_never_judge_a_trial_is_refused_when_the_study_starts(
         scheduler, loc):
     """The breaker: ASHA with a max_t above the trials' 23 planned updates and its
@@ -255,9 +258,24 @@ def test_a_scheduler_that_would_never_judge_a_trial_is_refused_when_the_study_st
     assert info.value.errors == [{"loc": loc, "msg": f"{step} is beyond the trials' 23 "
                                   "planned updates: no trial would ever be judged (the study "
                                   "would run as fifo)"}]
-    # at the planned updates themselves: accepted
-    at = parse_spec({**BASE, "objective": objective, "scheduler": _with(scheduler, loc, 23)})
-    check_budgets(at)
+    check_budgets(spec, new=False)  # a stored study that ran so goes on so after a restart
+    if "min_early_stopping_rate" not in str(scheduler):  # at the planned updates: accepted
+        at = parse_spec({**BASE, "objective": objective,
+                         "scheduler": _with(scheduler, loc, 23)})
+        check_budgets(at)
+    # a space whose values plan more updates (the review's finding): the most they plan
+    searched = parse_spec({**BASE, "config": {}, "objective": objective,
+                           "scheduler": scheduler, "search_space": {"max_epochs": {
+                               "type": "int", "low": 1, "high": 200}}})
+    check_budgets(searched)  # 200 epochs: 4600 updates (the config's 20: 460)
+    batch = parse_spec({**BASE, "objective": objective, "scheduler": scheduler,
+                        "search_space": {"micro_batch_size": {"type": "categorical",
+                                                              "choices": [64, 16]}}})
+    if step > 90:  # 16 a batch: 90 updates
+        with pytest.raises(SpecError, match="beyond the trials' 90 planned updates"):
+            check_budgets(batch)
+    else:
+        check_budgets(batch)
 
 
 def _with(scheduler: dict, loc: str, value: int) -> dict:
