@@ -91,10 +91,11 @@ from service.dashboard_answers import (
     Filter,
     Rewrite,
     ServerErrors,
+    StudyReads,
     feasible_study,
     owned_studies,
 )
-from service.dashboard_cache import StudyIdentities
+from service.dashboard_cache import StudyIdentities, cached_trials
 from service.dashboard_input import input_problem, study_exists, with_accept_encoding
 from service.db import StudyRow
 from service.errors import NotAuthenticated
@@ -189,7 +190,7 @@ class DashboardGate:
 
     def __init__(self, bottle_app: bottle.Bottle, sessions: sessionmaker,
                  settings: Settings, storage: optuna.storages.BaseStorage) -> None:
-        self.storage = storage
+        self.storage, self.bottle_app = storage, bottle_app
         self.router = bottle_app.router
         self.app = WSGIMiddleware(bottle_app)
         self.sessions = sessions
@@ -277,10 +278,21 @@ class DashboardGate:
         if "study_id" in route.args:  # SQLite reuses a deleted study's id
             await self.identities.check(route.args["study_id"])
         if route.rule == STUDY_RULE:  # its best trials as REST's, whoever reads
-            hide = _then(functools.partial(feasible_study, self.storage,
-                                           route.args["study_id"]), hide)
+            hide = _then(functools.partial(feasible_study, route.args["study_id"],
+                                           self._reads(route.args["study_id"])), hide)
         return (await self._trial_refusal(route)
                 or await input_problem(route.rule, route.args, request, self.sessions) or hide)
+
+    def _reads(self, study_id: int) -> StudyReads:
+        """What :func:`service.dashboard_answers.feasible_study` reads of ``study_id``."""
+        def has_constraints() -> bool:
+            with self.sessions() as session:
+                return optuna_sql.has_constraints(session.connection(), study_id)
+
+        return StudyReads(
+            has_constraints,
+            functools.partial(cached_trials, self.bottle_app, self.storage, study_id),
+            functools.partial(self.storage.get_study_system_attrs, study_id))
 
     async def _trial_refusal(self, route: Route) -> Response | None:
         """404 where the route names a trial that is not one of its study's.

@@ -16,12 +16,11 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
-import optuna
-from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial
 from starlette.concurrency import run_in_threadpool
 
-from hpo.study import SPEC_ATTR
 from hpo.summary import best_of
 from service.api_errors import error_response
 from service.dashboard_cache import serialize_trial
@@ -61,11 +60,20 @@ def _dumps(data) -> bytes:
         json.dumps(_INFINITE), "1e999").encode()
 
 
-def feasible_study(storage: optuna.storages.BaseStorage, study_id: int, body: bytes) -> bytes:
+class StudyReads(NamedTuple):
+    """What :func:`feasible_study` reads of one study, each when it needs it."""
+
+    has_constraints: Callable[[], bool]  # one query
+    trials: Callable[[], list[FrozenTrial]]  # optuna-dashboard's cached trials
+    system_attrs: Callable[[], dict]  # the study's (a best trial's note and artifacts)
+
+
+def feasible_study(study_id: int, reads: StudyReads, body: bytes) -> bytes:
     """The ``/api/studies/ID`` answer of a study with constraints, with each trial's
-    ``constraints`` (its violations, <= 0 where a bound holds) and its best trials: the
-    best COMPLETE feasible trial, or the feasible Pareto front (``hpo.summary.best_of``,
-    the rule of REST and the CLI); unchanged for a study without constraints.
+    ``constraints`` (its violations in the order of their keys, <= 0 where a bound holds)
+    and its best trials: the best COMPLETE feasible trial, or the feasible Pareto front
+    (``hpo.summary.best_of``, the rule of REST and the CLI), of the trials the answer was
+    made of; the answer unchanged for a study without constraints.
 
     optuna-dashboard 0.21 reads a trial's constraints from the system attribute
     ``constraints``, which Optuna 5 no longer writes (it keeps ``constraints:KEY``
@@ -74,21 +82,21 @@ def feasible_study(storage: optuna.storages.BaseStorage, study_id: int, body: by
     trial, both blind to constraints: an infeasible trial was shown as the best (the
     breaker's finding). A violation of ``inf`` (the metric was not reported) is written
     ``1e999`` (:func:`_dumps`)."""
-    spec = storage.get_study_user_attrs(study_id).get(SPEC_ATTR)
-    if isinstance(spec, dict) and not spec.get("constraints"):  # (a study made with
-        return body                                           # Optuna directly: looked at)
-    trials = {t.number: t for t in storage.get_all_trials(study_id, deepcopy=False)}
-    if not any(t.constraints for t in trials.values()):
+    if not reads.has_constraints():
         return body
     data = json.loads(body)
-    maximize = [d == StudyDirection.MAXIMIZE for d in storage.get_study_directions(study_id)]
+    by_number = {t.number: t for t in reads.trials()}
+    directions = data.get("directions") or ["minimize"]
     shown = {d["number"]: d for d in [*data.get("best_trials", []), *data.get("trials", [])]}
-    system_attrs = storage.get_study_system_attrs(study_id)
-    data["best_trials"] = [shown.get(t.number) or serialize_trial(study_id, t, system_attrs)
-                           for t in best_of(trials.values(), maximize)]
+    best = best_of(by_number.values(), [d == "maximize" for d in directions])
+    missing = [t for t in best if t.number not in shown]  # (before ?after=)
+    attrs = reads.system_attrs() if missing else {}
+    data["best_trials"] = [shown.get(t.number) or serialize_trial(study_id, t, attrs)
+                           for t in best]
     for d in [*data.get("trials", []), *data["best_trials"]]:
-        if d.get("number") in trials:
-            d["constraints"] = list(trials[d["number"]].constraints.values())
+        if d.get("number") in by_number:
+            constraints = by_number[d["number"]].constraints
+            d["constraints"] = [constraints[k] for k in sorted(constraints)]
     return _dumps(data)
 
 

@@ -1,6 +1,6 @@
 """optuna-dashboard's in-process caches, which it keys by study id alone, kept to the study
-the id names now; and its trial serializer (:func:`serialize_trial`). The one module that
-reads optuna-dashboard's private names.
+the id names now; and its trial serializer and cache reads (:func:`serialize_trial`,
+:func:`cached_trials`). The one module that reads optuna-dashboard's private names.
 
 On SQLite, Optuna's ``studies.study_id`` is an ``INTEGER PRIMARY KEY`` without
 ``AUTOINCREMENT``: once the study with the highest id is deleted, the next study created
@@ -29,7 +29,7 @@ import bottle
 import optuna_dashboard
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial
-from optuna_dashboard import _importance, _serializer
+from optuna_dashboard import _importance, _serializer, _storage
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -49,6 +49,13 @@ def serialize_trial(study_id: int, trial: FrozenTrial, study_system_attrs: dict)
     trials (``service.dashboard_answers.feasible_study``) serializes a best trial the
     answer did not carry."""
     return _serializer.serialize_frozen_trial(study_id, trial, study_system_attrs)
+
+
+def cached_trials(bottle_app: bottle.Bottle, storage, study_id: int) -> list[FrozenTrial]:
+    """The study's trials as optuna-dashboard's app ``bottle_app`` serves them now: from its
+    cache (refetched after 2-10 s, ``_storage.get_trials``), so that a rewrite of its answer
+    reads the trials the answer was made of, without loading the study again."""
+    return _storage.get_trials(bottle_app._inmemory_cache, storage, study_id)
 
 
 def forget_study(bottle_app: bottle.Bottle, study_id: int) -> None:

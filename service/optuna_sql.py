@@ -73,6 +73,17 @@ def n_trials(conn: sa.Connection, study_id: int) -> int:
                         .where(trials.c.study_id == study_id)).scalar_one()
 
 
+def has_constraints(conn: sa.Connection, study_id: int) -> bool:
+    """Whether any trial of the study has a constraint value (Optuna 5's ``constraints:KEY``
+    system attributes, ``Trial.set_constraint``). One query."""
+    query = (sa.select(sa.literal(1)).select_from(trial_system_attributes.join(
+        trials, trials.c.trial_id == trial_system_attributes.c.trial_id))
+        .where(trials.c.study_id == study_id,
+               trial_system_attributes.c.key.startswith("constraints:", autoescape=True))
+        .limit(1))
+    return conn.execute(query).first() is not None
+
+
 def study_ids(conn: sa.Connection, names: Iterable[str]) -> dict[str, int]:
     """Optuna study ids of the studies in ``names`` that exist."""
     query = sa.select(studies.c.study_name, studies.c.study_id).where(

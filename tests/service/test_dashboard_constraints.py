@@ -38,7 +38,7 @@ def _dashboard(client, token: str, study_id: int, after: int = 0) -> dict:
 
 
 @pytest.mark.parametrize("who", ["alice", "admin"])
-@pytest.mark.parametrize("after", [0, 2])
+@pytest.mark.parametrize("after", [0, 2, 3])  # 3: the best trial is not among them
 def test_the_best_trial_is_the_best_feasible_one_and_each_trial_shows_its_constraints(
         client, app, tokens, who, after):
     data = tiny_spec("bounded", constraints=MEMORY)
