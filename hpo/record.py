@@ -308,12 +308,19 @@ class StudyRecord:
         self.storage.set_trial_user_attr(trial_id, ASHA_BRACKET_ATTR, drawn)
         return drawn
 
-    def median_stopped(self, ray_trial_id: str, step: int) -> None:
+    def median_stopped(self, ray_trial_id: str, step: int | None) -> None:
         """The median rule without ``hard_stop`` paused a trial at ``step`` for good: its
-        later reports are not in the rule's means (a new driver's rule is refilled so)."""
+        later reports are not in the rule's means (a new driver's rule is refilled so).
+        ``None``: a trial resumed from before the step it had been stopped at is judged
+        again; the step kept, if any, is cleared (else a later driver would take the
+        stale stop back: the review's finding)."""
         t = self.trials.get(ray_trial_id)
-        if t is not None and not t.told:
-            self.storage.set_trial_user_attr(t.trial_id, MEDIAN_STOPPED_ATTR, step)
+        if t is None or t.told:
+            return
+        if step is None and self.storage.get_trial(t.trial_id).user_attrs.get(
+                MEDIAN_STOPPED_ATTR) is None:
+            return
+        self.storage.set_trial_user_attr(t.trial_id, MEDIAN_STOPPED_ATTR, step)
 
     def started(self, ray_trial_id: str) -> None:
         """A Ray trial (re)started running: wall time counts from now, unless it counts

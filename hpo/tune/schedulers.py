@@ -98,6 +98,8 @@ class RecordingScheduler(TrialScheduler):
                 rekey_asha(self.inner, old, trial.trial_id)
             elif rekey_median(self.inner, old, trial):
                 self._resumed_median.add(trial.trial_id)
+                if trial not in median_stopped(self.inner):  # resumed before its stop: to
+                    self.record.median_stopped(trial.trial_id, None)  # be judged again
 
     def on_trial_result(self, tune_controller, trial, result) -> str:
         if trial.trial_id in self._resumed_median:  # its first report since the rekey

@@ -61,6 +61,10 @@ class _Record:
 
     def __init__(self, number: int, bracket: int | None = None) -> None:
         self.number, self.bracket = number, bracket
+        self.median_stops: list[int | None] = []
+
+    def median_stopped(self, trial_id, step):
+        self.median_stops.append(step)
 
     def asha_bracket(self, trial_id, drawn):
         if self.bracket is None:
@@ -231,8 +235,8 @@ def test_without_hard_stop_the_restored_rule_holds_only_what_it_judged_and_whom_
     restored = _median(min_samples_required=1, hard_stop=False)
     curve = {s: v for s, v in stored[stopped_n].items() if s <= stops[stopped_n]}
     restore_median(restored, "step", "val_loss", [(stopped_n, curve, False)], stops)
-    scheduler = RecordingScheduler(restored, _Record(stopped_n), "median",
-                                   removal_stops=True)
+    record = _Record(stopped_n)
+    scheduler = RecordingScheduler(restored, record, "median", removal_stops=True)
     resumed = Trial("toy", stub=True, trial_id="resumed")
     resumed.set_status(Trial.RUNNING)
     scheduler.on_trial_add(None, resumed)
@@ -240,6 +244,17 @@ def test_without_hard_stop_the_restored_rule_holds_only_what_it_judged_and_whom_
     assert scheduler.on_trial_result(_Controller(), resumed, {
         "step": stops[stopped_n], "val_loss": 99.0}) == TrialScheduler.CONTINUE
     assert [r["step"] for r in median_results(restored)[resumed]] == sorted(curve)
+    assert record.median_stops == []
+    # resumed from before its stop: judged again, and the stop kept is cleared (the review:
+    # else a third driver took the stale stop back)
+    restored = _median(min_samples_required=1, hard_stop=False)
+    restore_median(restored, "step", "val_loss", [(9, {1: 5.0, 2: 4.0}, False)], {9: 4})
+    record = _Record(9)
+    scheduler = RecordingScheduler(restored, record, "median", removal_stops=True)
+    again = Trial("toy", stub=True, trial_id="again")
+    again.set_status(Trial.RUNNING)
+    scheduler.on_trial_add(None, again)
+    assert median_stopped(restored) == set() and record.median_stops == [None]
 
 
 @pytest.mark.parametrize("brackets", [2, 3])
