@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	  echo "error: Python 3.11 is needed, and '$(PYTHON)' is $$(command -v $(PYTHON) >/dev/null && $(PYTHON) --version 2>/dev/null || echo 'not found')." >&2; \
 	  echo "Install Python 3.11, then name it: make demo PYTHON=python3.11 (or make test PYTHON=...)" >&2; \
 	  exit 1; }
-	@echo "== installing into $(VENV): this project (-e) with torch 2.13 (CPU build), Ray Tune/Train,"
+	@echo "== installing into $(VENV): this project (-e) with torch 2.13 (pinned; the build pip finds), Ray Tune/Train,"
 	@echo "   Optuna, optuna-dashboard, FastAPI, uvicorn, SQLAlchemy, psycopg and the dev tools"
 	@echo "   (pytest, pytest-xdist, ruff, import-linter, schemathesis); a few minutes on a fresh machine"
 	$(PYTHON) -m venv $(VENV)

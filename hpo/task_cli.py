@@ -9,8 +9,10 @@ bad argument (the message names it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -52,7 +54,20 @@ def new(
         out.print(f"wrote {path}", markup=False)
     # a bare relative name would be looked up on PyPI by pip: give it as a path
     target = str(directory) if directory.is_absolute() else os.path.join(".", directory)
-    out.print(f"next: pip install {shlex.quote(target)} && hpo task check {name}", markup=False)
+    out.print(f"next: {_tool('pip')} install {shlex.quote(target)} && {_tool('hpo')} task "
+              f"check {name}", markup=False)
+
+
+def _tool(name: str) -> str:
+    """``name`` as this environment has it (``.venv/bin/pip``, relative to the working
+    directory where it lies below it), or the bare name where it has none: a bare ``pip``
+    may be another Python's (the new-user walkthrough's finding)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        return name
+    with contextlib.suppress(ValueError):
+        path = path.relative_to(Path.cwd())
+    return shlex.quote(str(path))
 
 
 @task_app.command("check")

@@ -310,5 +310,9 @@ def test_new_says_to_install_the_directory_as_a_path_not_a_pypi_name(
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["task", "new", "fresh-task", given])
     assert result.exit_code == 0, result.output
+    bin_dir = Path(sys.executable).parent  # this environment's tools, not a bare pip
+    pip, hpo = (str(bin_dir / tool) if (bin_dir / tool).exists() else tool
+                for tool in ("pip", "hpo"))
     assert result.output.splitlines()[-1] == \
-        f"next: pip install {shown} && hpo task check fresh-task"
+        f"next: {pip} install {shown} && {hpo} task check fresh-task"
+    assert pip != "pip"  # (the tests run in the project's venv, which has pip)
