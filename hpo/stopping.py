@@ -82,7 +82,7 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
         if value is not None and target is not None and (
                 value >= target if maximize else value <= target):
             return (f"stop_when.target: trial {t.number}'s {metric} {_fmt(value)} reached "
-                    f"the target {_fmt(target)} ({_trials(count)} finished)")
+                    f"the target {_fmt(target)} (when {_trials(count)} had finished)")
         if value is not None and (best is None or (
                 value > best.values[0] + min_delta if maximize
                 else value < best.values[0] - min_delta)):
@@ -93,11 +93,11 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
             if best is None:
                 return (f"stop_when.no_improvement_trials: {_trials(since)} finished, none "
                         f"of them COMPLETE{' and feasible' if infeasible else ''} "
-                        f"({_trials(count)} finished)")
+                        f"(when {_trials(count)} had finished)")
             delta = f" by more than {_fmt(min_delta)}" if min_delta else ""
             return (f"stop_when.no_improvement_trials: {_trials(since)} finished since "
                     f"trial {best.number} set the best {metric} {_fmt(best.values[0])}, none "
-                    f"improving it{delta} ({_trials(count)} finished)")
+                    f"improving it{delta} (when {_trials(count)} had finished)")
     return None
 
 

@@ -302,6 +302,8 @@ def _check_constraints(spec: StudySpec, task_cls) -> list[dict]:
     """Each constraint's metric is one the trials report: a metric never reported
     violates its bound (``hpo.record``), so every trial would be infeasible."""
     known = {*task_cls.metrics, *trainers.LOOP_METRICS}
+    if task_cls.item_unit != "token" and "tokens_per_s" not in task_cls.metrics:
+        known.discard("tokens_per_s")  # not offered where it is refused (helper-36)
     workers = spec.resources.workers
     errors = []
     for i, c in enumerate(spec.constraints):
@@ -313,13 +315,12 @@ def _check_constraints(spec: StudySpec, task_cls) -> list[dict]:
                        f"workers or more, for ranks 0 to workers - 1; this study has "
                        f"{spec.resources.parallelism} with {workers} worker"
                        f"{'s' if workers != 1 else ''}")
+        elif c.metric == "tokens_per_s" and c.metric not in known:
+            msg = (f"tokens_per_s is reported by token tasks only; task {spec.task!r} "
+                   f"counts {task_cls.item_unit}s (samples_per_s)")
         elif c.metric not in known:
             msg = (f"task {spec.task!r} and the loop report {sorted(known)}, not "
                    f"{c.metric!r}{did_you_mean(c.metric, known)}")
-        elif c.metric == "tokens_per_s" and c.metric not in task_cls.metrics and \
-                task_cls.item_unit != "token":
-            msg = (f"tokens_per_s is reported by token tasks only; task {spec.task!r} "
-                   f"counts {task_cls.item_unit}s (samples_per_s)")
         if msg is not None:
             errors.append({"loc": f"constraints.{i}.metric", "msg": msg})
     return errors

@@ -370,7 +370,8 @@ def trials(name: NameArg, offset: OffsetOpt = 0,
         values = t.get("values") or ([] if t["value"] is None else [t["value"]])
         value = ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values)
         params = ", ".join(f"{k}={_short(v)}" for k, v in t["params"].items())
-        table.add_row(str(t["number"]), t["state"], value, params, note[:60])
+        note = note if len(note) <= 60 else note[:59] + "…"  # (REST has the whole text)
+        table.add_row(str(t["number"]), t["state"], value, params, note)
     out.print(table)
     err.print(f"trials {offset}-{offset + len(page['items'])} of {page['total']}")
 
@@ -409,6 +410,12 @@ def _print_best(study: dict) -> None:
     metrics = [o["metric"] for o in (objectives if isinstance(objectives, list) else
                                      [objectives])]
     front = len(metrics) > 1
+    from service.client import ENDED
+
+    c = study["counts"]  # (a constrained study's complete trials: `best none` says why)
+    if not study["best_trials"] and not (c["complete"] and study["spec"].get("constraints")):
+        out.print("no complete trial" + ("" if study["status"] in ENDED else " yet"),
+                  highlight=False)
     if front and study["best_trials"]:
         out.print(f"Pareto front: {len(study['best_trials'])} trial(s)", highlight=False)
     for t in study["best_trials"]:

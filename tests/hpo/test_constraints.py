@@ -101,7 +101,7 @@ def test_a_missing_or_nan_metric_is_a_violation_and_no_feasible_trial_means_no_b
     ([{"metric": "val_los", "max": 1.0}], "constraints.0.metric",
      "task 'toy-hpo' and the loop report ['epoch', 'grad_norm', 'loss_scale', 'lr', "
      "'peak_memory_bytes', 'planned_updates', 'samples', 'samples_per_s', "
-     "'skipped_updates', 'step', 'time_s', 'tokens_per_s', 'train_loss', 'val_loss', "
+     "'skipped_updates', 'step', 'time_s', 'train_loss', 'val_loss', "
      "'val_score'], not 'val_los' (did you mean 'val_loss'?)"),
     ([{"metric": "val_loss", "max": float("inf")}], "constraints.0.max",
      "Input should be a finite number"),

@@ -165,7 +165,8 @@ def test_note_of_a_study_stopped_by_its_stop_when_rule_says_which_rule_fired():
     spec = spec_of(budget={"n_trials": 12, "max_concurrent_trials": 2,
                            "stop_when": {"no_improvement_trials": 4, "min_delta": 0.001}})
     reason = ("stop_when.no_improvement_trials: 4 trials finished since trial 2 set the best "
-              "val_accuracy 0.97, none improving it by more than 0.001 (7 trials finished)")
+              "val_accuracy 0.97, none improving it by more than 0.001 "
+              "(when 7 trials had finished)")
     end = note_end(StudyOutcome("s", Counts(complete=7), stopped=False, interrupted=False,
                                 best_number=2, best_value=0.97, best_params={"lr": 0.01},
                                 stop_reason=reason))

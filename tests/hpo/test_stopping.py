@@ -40,12 +40,12 @@ def test_the_target_fires_at_the_first_complete_trial_reaching_it():
     assert stop_reason(trials[:3], **rule) is None  # a pruned trial's value is no result
     assert stop_reason(trials, **rule) == (
         "stop_when.target: trial 3's val_accuracy 0.985 reached the target 0.985 "
-        "(4 trials finished)")
+        "(when 4 trials had finished)")
     assert stop_reason([_trial(0, C, 0.31)], metric="val_loss", maximize=False,
                        target=0.3) is None
     assert stop_reason([_trial(0, C, 0.3)], metric="val_loss", maximize=False,
                        target=0.3) == ("stop_when.target: trial 0's val_loss 0.3 reached the "
-                                       "target 0.3 (1 trial finished)")
+                                       "target 0.3 (when 1 trial had finished)")
 
 
 def test_no_improvement_counts_finished_trials_since_the_best_by_more_than_min_delta():
@@ -57,7 +57,7 @@ def test_no_improvement_counts_finished_trials_since_the_best_by_more_than_min_d
     assert [stop_reason(trials[:k], **rule) for k in range(1, 7)] == [None] * 6
     assert stop_reason(trials, **rule) == (
         "stop_when.no_improvement_trials: 4 trials finished since trial 1 set the best "
-        "val_loss 0.9, none improving it by more than 0.01 (6 trials finished)")
+        "val_loss 0.9, none improving it by more than 0.01 (when 6 trials had finished)")
     # without min_delta trial 4 is an improvement, and the count starts again there
     assert stop_reason(trials, **{**rule, "min_delta": 0.0}) is None
 
@@ -70,13 +70,13 @@ def test_trials_count_in_the_order_they_finished_not_by_number():
     assert stop_reason(trials, **rule) is None
     assert stop_reason([*trials, _trial(3, P, done_at=4)], **rule) == (
         "stop_when.no_improvement_trials: 2 trials finished since trial 0 set the best acc "
-        "0.9, none improving it (4 trials finished)")
+        "0.9, none improving it (when 4 trials had finished)")
     assert stop_reason([_trial(0, P), _trial(1, P)], **rule) == (
         "stop_when.no_improvement_trials: 2 trials finished, none of them COMPLETE "
-        "(2 trials finished)")
+        "(when 2 trials had finished)")
     assert stop_reason([_trial(0, P)], **{**rule, "no_improvement_trials": 1}) == (
         "stop_when.no_improvement_trials: 1 trial finished, none of them COMPLETE "
-        "(1 trial finished)")
+        "(when 1 trial had finished)")
 
 
 def test_an_infeasible_trial_fires_no_target_and_sets_no_best():
@@ -87,15 +87,15 @@ def test_an_infeasible_trial_fires_no_target_and_sets_no_best():
     rule = dict(metric="acc", maximize=True, target=0.9)
     assert stop_reason(trials, **rule) is None
     assert stop_reason([*trials, _trial(3, C, 0.95, memory=-3.0)], **rule) == (
-        "stop_when.target: trial 3's acc 0.95 reached the target 0.9 (4 trials finished)")
+        "stop_when.target: trial 3's acc 0.95 reached the target 0.9 (when 4 trials had finished)")
     plateau = dict(metric="acc", maximize=True, no_improvement_trials=2)
     assert stop_reason(trials, **plateau) is None  # 2 improved on 0 (0.6 > 0.5)
     assert stop_reason([*trials, _trial(3, C, 0.7, memory=1.0), _trial(4, P)], **plateau) == (
         "stop_when.no_improvement_trials: 2 trials finished since trial 2 set the best acc "
-        "0.6, none improving it (5 trials finished)")
+        "0.6, none improving it (when 5 trials had finished)")
     assert stop_reason([_trial(0, C, 0.9, memory=1.0), _trial(1, P)], **plateau) == (
         "stop_when.no_improvement_trials: 2 trials finished, none of them COMPLETE and "
-        "feasible (2 trials finished)")
+        "feasible (when 2 trials had finished)")
 
 
 @pytest.mark.parametrize("stop_when, changes, loc, msg", [
@@ -132,7 +132,8 @@ def test_a_study_stops_at_its_target_one_trial_at_a_time(sqlite_url, tmp_path):
     assert len(trials) < 30 and trials[-1].value <= 3.0
     assert all(t.value > 3.0 for t in trials[:-1])  # the first that reached it, and no more
     reason = (f"stop_when.target: trial {trials[-1].number}'s val_loss "
-              f"{trials[-1].value:.6g} reached the target 3 ({len(trials)} trials finished)")
+              f"{trials[-1].value:.6g} reached the target 3 "
+              f"(when {len(trials)} trials had finished)")
     assert out.stop_reason == reason and not out.stopped
     study = optuna.load_study(study_name="target", storage=sqlite_url)
     assert study.user_attrs[STOP_REASON_ATTR] == reason

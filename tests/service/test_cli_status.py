@@ -170,3 +170,30 @@ def test_trials_shows_every_objective_and_which_trials_are_infeasible(monkeypatc
     assert rows == [["0", "COMPLETE", "0.9,", "0.25", "lr=0.1"],
                     ["1", "COMPLETE", "0.99,", "0.5", "lr=0.2", "infeasible"],
                     ["2", "PRUNED", "lr=0.3", "infeasible;", "stopped", "by", "mo-asha"]]
+
+
+@pytest.mark.parametrize(("status", "says"), [("COMPLETED", "no complete trial"),
+                                              ("RUNNING", "no complete trial yet")])
+def test_status_of_a_study_without_a_complete_trial_says_so(monkeypatch, status, says):
+    """The new-user walkthrough: ``submit --wait`` of a study whose only trial failed
+    ended without a word on its best trial (``hpo run`` says ``no complete trial``)."""
+    study = _study([], 0, [])
+    study["status"] = status
+    monkeypatch.setattr(Client, "study", lambda self, name: study)
+    result = CliRunner().invoke(hpo.cli.app, ["status", "s"], env={"HPO_TOKEN": "hpo_x"})
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == says
+
+
+def test_trials_marks_a_note_it_cuts():
+    """The new-user walkthrough: a long failure reason was cut mid-word without a mark."""
+    page = {"total": 1, "items": [
+        {"number": 0, "state": "FAIL", "value": None, "values": None, "params": {},
+         "user_attrs": {"fail_reason": "NonFiniteError: non-finite loss (nan) at optimizer "
+                                       "update 11; the update was not applied"}}]}
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Client, "trials", lambda self, name, offset, limit: page)
+        result = CliRunner().invoke(hpo.cli.app, ["trials", "s"],
+                                    env={"HPO_TOKEN": "hpo_x", "COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "│ NonFiniteError: non-finite loss (nan) at optimizer update 1… │" in result.output

@@ -131,7 +131,7 @@ def test_the_client_commands_submit_wait_status_trials_best(server_process, sqli
     assert study["status"] == "COMPLETED" and study["counts"]["complete"] == 1
     reason = study["stop_reason"]
     assert reason.startswith("stop_when.target: trial 0's val_accuracy ") and reason.endswith(
-        " reached the target 0 (1 trial finished)")
+        " reached the target 0 (when 1 trial had finished)")
     status = runner.invoke(hpo_app, ["status", "early"], env=env)
     assert "stopped early" in status.stdout and "stop_when.target" in status.stdout
 
