@@ -32,12 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_set_at_end_of_input, args=(done,), daemon=True).start()
     import ray
 
-    context = _init_local(ray, num_cpus)
-    print(json.dumps({"address": context.address_info["gcs_address"],
-                      "auth_mode": os.environ.get("RAY_AUTH_MODE")}), flush=True)
-    done.wait()
-    ray.shutdown()
-    end_session()  # what of Ray is left in this session of its own (its agents)
+    try:
+        context = _init_local(ray, num_cpus)
+        print(json.dumps({"address": context.address_info["gcs_address"],
+                          "auth_mode": os.environ.get("RAY_AUTH_MODE")}), flush=True)
+        done.wait()
+        ray.shutdown()
+    finally:  # also after a start that gave up, or a shutdown that failed (the review)
+        end_session()  # what of Ray is left in this session of its own (its agents)
     return 0
 
 
