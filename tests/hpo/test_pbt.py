@@ -188,13 +188,20 @@ def test_pb2_choices_are_mapped_to_the_nearest_grid_point():
     assert explore({"int_offset": 100, "int_log": -3})["int_offset"] == 14
 
 
-def test_a_trial_never_clones_the_same_donor_checkpoint_twice_in_a_row(tmp_path):
-    """The breaker: while the donor restarted after a failure (``max_failures``), Ray's
-    asynchronous PBT sent the receiver back to the donor's one remembered checkpoint at
-    each of its perturbation points: 134 exploits, 123 of them of step 36."""
+class _Trial:  # hashable by identity, as Ray's Trial
+    def __init__(self, trial_id):
+        self.trial_id, self.config = trial_id, {}
+
+
+def _exploiting(tmp_path):
+    """A ``PinnedExploits`` over the part of Ray's PBT the seam uses, and the list of its
+    exploits as ``(receiver, donor, the donor checkpoint's path)`` (a pin's path is
+    ``pin-ID-N``, N counting the pins)."""
     from hpo.ray_private import PinnedExploits
 
-    class Base:  # the part of Ray's PBT the seam uses
+    exploits, pins = [], []
+
+    class Base:
         def __init__(self, time_attr, **kwargs):
             self._trial_state = {}
 
@@ -207,13 +214,15 @@ def test_a_trial_never_clones_the_same_donor_checkpoint_twice_in_a_row(tmp_path)
             pins.append(trial.trial_id)
             return SimpleNamespace(path=f"pin-{trial.trial_id}-{len(pins)}")
 
-    exploits, pins = [], []
-    pbt = Scheduler(tmp_path, None, "step")
-    class Trial:  # hashable by identity, as Ray's Trial
-        def __init__(self, trial_id):
-            self.trial_id, self.config = trial_id, {}
+    return Scheduler(tmp_path, None, "step"), exploits
 
-    donor, receiver = Trial("d"), Trial("r")
+
+def test_a_trial_never_clones_the_same_donor_checkpoint_twice_in_a_row(tmp_path):
+    """The breaker: while the donor restarted after a failure (``max_failures``), Ray's
+    asynchronous PBT sent the receiver back to the donor's one remembered checkpoint at
+    each of its perturbation points: 134 exploits, 123 of them of step 36."""
+    pbt, exploits = _exploiting(tmp_path)
+    donor, receiver = _Trial("d"), _Trial("r")
     for t in (donor, receiver):
         pbt._trial_state[t] = SimpleNamespace(last_checkpoint=None, last_result={"step": 36})
 
@@ -235,37 +244,17 @@ def test_a_trial_does_not_exploit_at_its_last_report(tmp_path, last):
     """The breaker: exploited at its final report (step 12 of 12), a trial restarted from
     the donor's checkpoint with nothing left to train, reported the donor's evaluation
     again and ended COMPLETE with the donor's value. Before its last report it exploits."""
-    from hpo.ray_private import PinnedExploits
-
-    class Base:
-        def __init__(self, time_attr, **kwargs):
-            self._trial_state = {}
-
-        def _exploit(self, tune_controller, trial, trial_to_clone):
-            exploits.append(trial.trial_id)
-
-    class Scheduler(PinnedExploits, Base):
-        def _pin(self, trial, state):
-            return SimpleNamespace(path=f"pin-{trial.trial_id}")
-
-    class Trial:
-        def __init__(self, trial_id):
-            self.trial_id, self.config = trial_id, {}
-
-    exploits = []
-    pbt = Scheduler(tmp_path, None, "step")
-    donor, receiver = Trial("d"), Trial("r")
-    pbt._trial_state[donor] = SimpleNamespace(last_checkpoint=None,
-                                              last_result={"step": 12, "planned_updates": 12})
-    pbt._trial_state[receiver] = SimpleNamespace(last_checkpoint=None, last_result=last)
+    pbt, exploits = _exploiting(tmp_path)
+    donor, receiver = _Trial("d"), _Trial("r")
     pbt._trial_state[donor] = SimpleNamespace(last_checkpoint=None,
                                               last_result={"step": 9, "planned_updates": 12})
+    pbt._trial_state[receiver] = SimpleNamespace(last_checkpoint=None, last_result=last)
     pbt._checkpoint_or_exploit(donor, None, [donor], [receiver])
     pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
-    assert exploits == []
+    assert [r for r, _, _ in exploits] == []
     pbt._trial_state[receiver].last_result = {"step": 8, "planned_updates": 12}
     pbt._checkpoint_or_exploit(receiver, None, [donor], [receiver])
-    assert exploits == ["r"]
+    assert [r for r, _, _ in exploits] == ["r"]
 
 
 @pytest.mark.parametrize("donor_last", [
@@ -277,26 +266,8 @@ def test_a_trial_does_not_clone_a_checkpoint_that_leaves_it_nothing_to_train(tmp
     """The review: a donor's final checkpoint (or one at or past the receiver's planned
     updates) sent the receiver there with nothing left to train, the same end as an
     exploit at the receiver's own last report. Another top trial is cloned instead."""
-    from hpo.ray_private import PinnedExploits
-
-    class Base:
-        def __init__(self, time_attr, **kwargs):
-            self._trial_state = {}
-
-        def _exploit(self, tune_controller, trial, trial_to_clone):
-            exploits.append(trial_to_clone.trial_id)
-
-    class Scheduler(PinnedExploits, Base):
-        def _pin(self, trial, state):
-            return SimpleNamespace(path=f"pin-{trial.trial_id}")
-
-    class Trial:
-        def __init__(self, trial_id):
-            self.trial_id, self.config = trial_id, {}
-
-    exploits = []
-    pbt = Scheduler(tmp_path, None, "step")
-    done, going, receiver = Trial("done"), Trial("going"), Trial("r")
+    pbt, exploits = _exploiting(tmp_path)
+    done, going, receiver = _Trial("done"), _Trial("going"), _Trial("r")
     for t, last in ((done, donor_last), (going, {"step": 6, "planned_updates": 12}),
                     (receiver, {"step": 8, "planned_updates": 10})):
         pbt._trial_state[t] = SimpleNamespace(last_checkpoint=None, last_result=last)
@@ -305,4 +276,4 @@ def test_a_trial_does_not_clone_a_checkpoint_that_leaves_it_nothing_to_train(tmp
         pbt._cloned.clear()
         pbt._checkpoint_or_exploit(receiver, None, [done], [receiver])
         pbt._checkpoint_or_exploit(receiver, None, [done, going], [receiver])
-    assert exploits == ["going"] * 8
+    assert [d for _, d, _ in exploits] == ["going"] * 8
