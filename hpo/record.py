@@ -65,6 +65,13 @@ MEDIAN_STOPPED_ATTR = "median_stopped_at"  # the step the median rule (hard_stop
                                            # stopped judging a trial at (hpo.tune.restore)
 
 
+def natural(value: Any) -> int | None:
+    """``value`` where it is an int >= 0 (not a bool), else None: how the restore
+    attributes (``asha_bracket``, ``median_stopped_at``) are read back."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
 class StudyRecord:
     """Writes one study's trials into its Optuna storage as they really happen.
 
@@ -302,8 +309,8 @@ class StudyRecord:
         (a trial a new driver resumes, whose rung values are there), else ``drawn`` (Ray's
         draw), which is kept then."""
         trial_id = self.trials[ray_trial_id].trial_id
-        kept = self.storage.get_trial(trial_id).user_attrs.get(ASHA_BRACKET_ATTR)
-        if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 0:
+        kept = natural(self.storage.get_trial(trial_id).user_attrs.get(ASHA_BRACKET_ATTR))
+        if kept is not None:
             return kept
         self.storage.set_trial_user_attr(trial_id, ASHA_BRACKET_ATTR, drawn)
         return drawn

@@ -406,11 +406,10 @@ def best(name: NameArg, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> No
 
 def _print_best(study: dict) -> None:
     """The best trial, or for several objectives the Pareto front (as ``hpo run`` ends)."""
-    objectives = study["spec"]["objective"]
-    metrics = [o["metric"] for o in (objectives if isinstance(objectives, list) else
-                                     [objectives])]
+    from service.client import ENDED, objective_metrics
+
+    metrics = objective_metrics(study)
     front = len(metrics) > 1
-    from service.client import ENDED
 
     c = study["counts"]  # (a constrained study's complete trials: `best none` says why)
     if not study["best_trials"] and not (c["complete"] and study["spec"].get("constraints")):

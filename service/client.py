@@ -161,3 +161,10 @@ class Client:
 
     def close(self) -> None:
         self.http.close()
+
+
+def objective_metrics(study: dict) -> list[str]:
+    """The metrics of a study's objectives, in order, from its REST answer's ``spec`` (one
+    objective is a mapping there, several a list)."""
+    objective = study["spec"]["objective"]
+    return [o["metric"] for o in (objective if isinstance(objective, list) else [objective])]

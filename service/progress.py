@@ -5,14 +5,14 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from service.client import Client
+from service.client import Client, objective_metrics
 
 
 def describe(study: dict) -> str:
     """``RUNNING  2 running  3 pruned  0 failed  best 0.9721`` (several objectives:
     ``front 3``, the Pareto front's size)."""
     c = study["counts"]
-    if isinstance(study["spec"].get("objective"), list) and len(study["spec"]["objective"]) > 1:
+    if len(objective_metrics(study)) > 1:
         best_text = f"front {len(study['best_trials'])}"
     else:
         best = study["best_trials"][0]["values"][0] if study["best_trials"] else None

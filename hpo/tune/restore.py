@@ -23,7 +23,13 @@ from optuna.trial import TrialState
 from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
 
 from hpo.ray_private import asha_brackets, asha_rungs, median_results, median_stopped
-from hpo.record import ASHA_BRACKET_ATTR, MEDIAN_STOPPED_ATTR, MO_RUNGS_ATTR, StudyRecord
+from hpo.record import (
+    ASHA_BRACKET_ATTR,
+    MEDIAN_STOPPED_ATTR,
+    MO_RUNGS_ATTR,
+    StudyRecord,
+    natural,
+)
 from trainers.checkpoint import META_FILE
 from trainers.data import read_json
 
@@ -97,8 +103,7 @@ def stored_median_stops(record: StudyRecord) -> dict[int, int]:
 def _stored_naturals(record: StudyRecord, attr: str) -> dict[int, int]:
     out = {}  # (Optuna number -> the attribute, an int >= 0; a malformed one is left out)
     for trial in record.study.get_trials(deepcopy=False):
-        value = trial.user_attrs.get(attr)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        if (value := natural(trial.user_attrs.get(attr))) is not None:
             out[trial.number] = value
     return out
 
