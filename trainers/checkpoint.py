@@ -51,12 +51,17 @@ A stop condition already met at the checkpoint (patience exhausted,
 ``max_updates`` or ``max_epochs`` reached, under the config's values) ends the
 resumed run before any update. A reporter's stop is not kept: it is the
 outside's decision (a scheduler pausing a trial resumes it on purpose).
+
+What a resume cannot change (``trainers.resume.check_same_run``, a ``ConfigError``
+naming it): the ``seed`` and the task's options but for its ``mutable_options`` and its
+path options; another optimizer is a ``CheckpointError``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import re
@@ -72,6 +77,8 @@ import torch
 from trainers.data import read_json, write_atomically
 from trainers.errors import CheckpointError, CheckpointWriteError
 from trainers.process import process_alive
+
+_log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^checkpoint-(\d{8})$")
 _TMP = re.compile(r"^\.(tmp|trash)-.*-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -399,18 +406,39 @@ def _prune(root: Path, keep_last: int) -> None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read the state of a checkpoint directory, or of the newest one under a root.
+    """Read the state of a checkpoint directory, or of the newest one under a root that
+    loads: one whose ``state.pt`` a power loss tore (written without
+    ``checkpoint_fsync``) is skipped with a warning naming it, for the one before it. The
+    resumed run's next checkpoint then retires the skipped one (:func:`publish`).
 
     Raises:
-        CheckpointError: nothing loadable at ``path``.
+        CheckpointError: nothing loadable at ``path`` (a directory: its state; a root:
+            any of its checkpoints), or the newest is sharded (FSDP).
     """
     path = Path(path)
-    if not ((path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file()):
-        newest = latest_checkpoint(path)
-        if newest is None:
-            raise CheckpointError(f"no checkpoint at {path} (expected {STATE_FILE} or "
-                                  f"checkpoint-NNNNNNNN/ directories)")
-        path = newest
+    if (path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file():
+        return _load_state(path)
+    found = [checkpoint for _, checkpoint in reversed(list_checkpoints(path))]
+    if not found:
+        raise CheckpointError(f"no checkpoint at {path} (expected {STATE_FILE} or "
+                              f"checkpoint-NNNNNNNN/ directories)")
+    first_error = None
+    for checkpoint in found:  # the newest that loads
+        try:
+            state = _load_state(checkpoint)
+        except CheckpointError as e:
+            if (checkpoint / SHARDED_STATE_FILE).is_file():
+                raise
+            first_error = first_error or e
+            _log.warning("skipping checkpoint %s: %s", checkpoint.name, e)
+            continue
+        if first_error is not None:
+            _log.warning("resuming from %s, the newest checkpoint that loads", checkpoint.name)
+        return state
+    raise CheckpointError(f"{first_error}; no older checkpoint under {path} loads either")
+
+
+def _load_state(path: Path) -> dict[str, Any]:
     if not (path / STATE_FILE).is_file():
         raise CheckpointError(f"{path} is a sharded (FSDP) checkpoint: resume it with "
                               "parallelism=fsdp")

@@ -219,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("the task is required (or --resume DIR)")
         parser = build_parser(task_name)
         args = parser.parse_args(argv)
+        if args.task not in (None, task_name):  # a word after --resume DIR's flags
+            raise ConfigError("TASK", f"unexpected argument {args.task!r}: the task comes "
+                                      f"from the checkpoint ({task_name!r}); booleans are "
+                                      f"--x or --no-x")
         if args.summary_json is not None:
             _check_summary_path(args.summary_json)
         reserved = {"task", "resume", "summary_json", "quiet"}

@@ -53,8 +53,14 @@ from trainers import checkpoint as ckpt
 from trainers.components import Run
 from trainers.data import write_atomically
 from trainers.distributed import all_reduce_max
-from trainers.errors import CheckpointError, CheckpointWriteError
-from trainers.resume import CHECKPOINT_FORMAT, Restored, TrainState, restore_loop_state
+from trainers.errors import CheckpointError, CheckpointWriteError, ConfigError
+from trainers.resume import (
+    CHECKPOINT_FORMAT,
+    Restored,
+    TrainState,
+    check_same_run,
+    restore_loop_state,
+)
 
 
 @contextlib.contextmanager
@@ -227,7 +233,7 @@ def restore(run: Run, state: TrainState, path: Path) -> Restored:
         elif run.ema is not None:  # EMA switched on at resume: start from the loaded weights
             run.ema.restart_from(run.model)
         restored = restore_loop_state(run, state, saved)
-    except CheckpointError:
+    except (CheckpointError, ConfigError):
         raise
     except (KeyError, ValueError, RuntimeError, TypeError, OSError) as e:
         raise CheckpointError(f"checkpoint {path.name} does not fit this run: "
@@ -241,7 +247,4 @@ def restore(run: Run, state: TrainState, path: Path) -> Restored:
 def _check_compatible(run: Run, saved: dict[str, Any]) -> None:
     if saved.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"unsupported checkpoint format {saved.get('format')!r}")
-    before = saved["config"]["optimizer"]
-    if before != run.config.optimizer:
-        raise CheckpointError(f"checkpoint holds {before} optimizer state; it cannot resume "
-                              f"with optimizer={run.config.optimizer}")
+    check_same_run(run, saved)

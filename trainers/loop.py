@@ -140,7 +140,8 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
         The final metrics, the history of evaluations and the trained model.
 
     Raises:
-        ConfigError: the config does not suit the task or the machine.
+        ConfigError: the config does not suit the task or the machine, or it changes
+            the ``seed`` or a fixed task option of the checkpoint it resumes.
         NonFiniteError: a NaN/inf loss or gradient norm outside fp16 scaling.
         TrainersError: the training set of an epoch to train, or the validation set, is
             empty.

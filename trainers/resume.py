@@ -14,7 +14,7 @@ from typing import Any
 from trainers import checkpoint as ckpt
 from trainers.components import Run, total_steps
 from trainers.ema import EMA
-from trainers.errors import CheckpointError
+from trainers.errors import CheckpointError, ConfigError
 from trainers.fields import to_dict
 from trainers.schedules import schedule_factor
 
@@ -132,7 +132,7 @@ def restore(run: Run, state: TrainState, saved: dict[str, Any]) -> Restored:
         elif run.ema is not None:  # EMA switched on at resume: start from the loaded weights
             run.ema = EMA(run.model, run.config.ema_decay)
         return restore_loop_state(run, state, saved)
-    except CheckpointError:
+    except (CheckpointError, ConfigError):
         raise
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
         raise CheckpointError(f"checkpoint does not fit this run: {type(e).__name__}: {e}") from e
@@ -214,7 +214,37 @@ def _check_compatible(run: Run, saved: dict[str, Any]) -> None:
     if saved["world_size"] != run.dist.world_size:
         raise CheckpointError(f"checkpoint was written by {saved['world_size']} ranks, "
                               f"this run has {run.dist.world_size}")
+    check_same_run(run, saved)
+
+
+def check_same_run(run: Run, saved: dict[str, Any]) -> None:
+    """Refuse to resume a checkpoint under a config that makes it another run: another
+    optimizer (its state does not fit), another ``seed`` (the epoch under way would be
+    shuffled anew from the same position: samples skipped and seen twice), or another
+    value of a task option outside ``Task.mutable_options`` (the data split, the
+    model's shape: e.g. ``split_seed`` would validate on images already trained on).
+    Options that are paths (``option(path=True)``) may differ: where the data lies is
+    not which run it is. Every hyperparameter may change (the rule of
+    ``trainers.checkpoint``), and so may the mutable options (PBT's).
+
+    Raises:
+        CheckpointError: another optimizer.
+        ConfigError: another seed or task option, naming it.
+    """
     before = saved["config"]["optimizer"]
     if before != run.config.optimizer:
         raise CheckpointError(f"checkpoint holds {before} optimizer state; it cannot resume "
                               f"with optimizer={run.config.optimizer}")
+    task = run.task
+    fixed = {f.name for f in task.fields() if not f.path} - set(task.mutable_options)
+    now = {"seed": run.config.seed} | {k: v for k, v in to_dict(task.options).items()
+                                       if k in fixed}
+    was = {"seed": saved["config"].get("seed", run.config.seed)} | dict(
+        saved.get("options") or {})
+    for name, value in now.items():
+        if name in was and was[name] != value:
+            mutable = ", ".join(sorted(task.mutable_options)) or "none of the task's options"
+            raise ConfigError(name, f"the checkpoint was made with {name}={was[name]!r}, this "
+                                    f"run has {value!r}: a resume keeps the seed and the "
+                                    f"task's options (it may change {mutable} and the "
+                                    f"training hyperparameters)")

@@ -175,9 +175,20 @@ def test_resume_from_nothing_is_a_clear_error(tmp_path):
 
 def test_resume_into_a_different_model_is_a_clear_error(tmp_path):
     fit(RegressionTask(), _config(tmp_path, max_updates=1))
-    with pytest.raises(CheckpointError, match="does not fit this run"):
+    with pytest.raises(ConfigError, match="made with hidden=8, this run has 3"):
         fit(RegressionTask(RegressionOptions(hidden=3)), _config(tmp_path, max_updates=2),
             resume_from=tmp_path)
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_built_is_a_clear_error(tmp_path):
+    fit(RegressionTask(), _config(tmp_path, max_updates=1))
+
+    class Wider(RegressionTask):  # another model under the same options (changed task code)
+        def build_model(self, config):
+            return super().build_model(config).append(torch.nn.Linear(1, 1))
+
+    with pytest.raises(CheckpointError, match="does not fit this run"):
+        fit(Wider(), _config(tmp_path, max_updates=2), resume_from=tmp_path)
 
 
 def test_resume_with_changed_lr_takes_the_new_lr_at_the_same_schedule_position(tmp_path):
@@ -692,3 +703,43 @@ def test_every_later_resume_keeps_the_span_of_a_resume_that_changed_the_sizes(
     assert twice.n_updates == once.n_updates
     by_step = {r["step"]: r["lr"] for r in once.history}
     assert [r["lr"] for r in after.reports] == [by_step[r["step"]] for r in after.reports]
+
+
+@pytest.mark.parametrize("torn", [1, 2], ids=["newest", "two-newest"])
+def test_a_root_resumes_from_the_newest_checkpoint_that_loads(tmp_path, torn, caplog):
+    """helper-38: a ``state.pt`` torn by a power loss (no fsync) made a resume of the root
+    fail, though older checkpoints were whole."""
+    full = fit(RegressionTask(OPTIONS), _config(tmp_path / "full", max_updates=8))
+    root = tmp_path / "cut"
+    fit(RegressionTask(OPTIONS), _config(root, max_updates=8, checkpoint_fsync=False),
+        StopAt(6))
+    found = list_checkpoints(root)
+    for _, path in found[-torn:]:
+        with open(path / "state.pt", "r+b") as f:
+            f.truncate(100)
+    resumed_at = found[-torn - 1][0]
+    with caplog.at_level("WARNING", logger="trainers.checkpoint"):
+        after = ListReporter()
+        resumed = fit(RegressionTask(OPTIONS), _config(root, max_updates=8), after,
+                      resume_from=root)
+    assert after.reports[0]["step"] == resumed_at + 1
+    assert [r.getMessage().split(":")[0] for r in caplog.records][:torn] == [
+        f"skipping checkpoint {path.name}" for _, path in reversed(found[-torn:])]
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+    for _, path in list_checkpoints(root):  # the torn ones replaced or retired: all load
+        torch.load(path / "state.pt", weights_only=True)
+
+
+def test_a_root_whose_checkpoints_are_all_torn_fails_naming_the_newest(tmp_path):
+    fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=3, checkpoint_fsync=False))
+    found = list_checkpoints(tmp_path)
+    for _, path in found:
+        (path / "state.pt").write_bytes(b"torn")
+    with pytest.raises(CheckpointError, match=f"cannot read checkpoint .*{found[-1][1].name}.*"
+                                              "no older checkpoint under .* loads either"):
+        fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=5), resume_from=tmp_path)
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):  # one named: no other
+        fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=5),
+            resume_from=found[-1][1])
