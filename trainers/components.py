@@ -79,11 +79,12 @@ def _check_writable(directory: Path) -> None:
 def total_steps(config: TrainConfig, samples_per_rank: int, step: int = 0, epoch: int = 0,
                 position: int = 0) -> int:
     """Optimizer updates of a run, if nothing stops it early: of a new run (the defaults),
-    or of one resumed after ``step`` update groups (applied, or skipped for fp16
-    overflow), ``position`` samples into its epoch ``epoch`` (0-based). Those groups,
-    then the rest of this epoch and the later ones counted under ``config``'s
-    micro-batch size and accumulation; the smaller with ``max_updates``. With the sizes
-    of the whole run, a resume's count is the one the run was built with.
+    or of one after ``step`` applied updates, ``position`` samples into its epoch
+    ``epoch`` (0-based). Those updates, then one for each update group of the rest of
+    this epoch and the later ones counted under ``config``'s micro-batch size and
+    accumulation; the smaller with ``max_updates``. With the sizes of the whole run and
+    no fp16 update skipped, a resume's count is the one the run was built with; each
+    skipped group makes the count of a run bound by ``max_epochs`` one smaller.
 
     A resume counts from its position where it changed those sizes (PBT's exploit of a
     ``micro_batch_size``, ``trainers --resume --grad-accum-steps``): counted from zero
@@ -105,8 +106,10 @@ def planned_updates(task: Task, config: TrainConfig, world_size: int = 1) -> int
     """Optimizer updates a run of ``config`` makes if nothing stops it early.
 
     The smaller of ``max_updates`` and ``max_epochs`` x updates per epoch (with
-    ``world_size`` ranks sharing each epoch); fp16 updates skipped for overflow
-    do not count.
+    ``world_size`` ranks sharing each epoch), counted before the run: fp16 updates
+    skipped for overflow do not count toward ``max_updates``, and a run bound by
+    ``max_epochs`` makes one update fewer for each (the run's own ``planned_updates``
+    metric says so as it goes).
     """
     train_set, _ = task.datasets(config.seed)
     return total_steps(config, -(-len(train_set) // world_size))

@@ -18,6 +18,10 @@ Parallelism = Literal["ddp", "fsdp"]
 # DataLoader processes a run may start: a larger count forks until memory runs out (2**32
 # went to the out-of-memory killer); ``hpo``'s spec check uses the same bound
 MAX_NUM_WORKERS = 256
+# lr and weight_decay at most this: far above any trained rate, and far below what the
+# optimizers' float32 arithmetic overflows at (AdamW's lr / (1 - beta1**t), lr * weight_decay:
+# helper-38's lr 1e308 was a traceback from inside AdamW's step)
+MAX_RATE = 1e6
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,9 +44,10 @@ class TrainConfig:
     max_epochs: int | None = option(10, "stop after this many epochs (>= 1)")
     # optimizer
     optimizer: Literal["adamw", "sgd"] = option("adamw", "optimizer: adamw, or sgd with momentum")
-    lr: float = option(1e-3, "peak learning rate (> 0)")
+    lr: float = option(1e-3, "peak learning rate, in (0, 1e6]")
     weight_decay: float = option(
-        0.0, "decoupled weight decay (>= 0); never applied to biases and norm weights"
+        0.0, "weight decay in [0, 1e6]: decoupled with adamw, L2 folded into the gradient "
+             "with sgd; never applied to biases and norm weights"
     )
     momentum: float = option(0.9, "SGD momentum in [0, 1)")
     adam_beta1: float = option(0.9, "AdamW beta1 in [0, 1)")
@@ -114,7 +119,9 @@ class TrainConfig:
             require(value >= 0, name, f"must be >= 0, got {value}")
         require(self.max_updates is not None or self.max_epochs is not None, "max_updates",
                 "set max_updates or max_epochs (or both)")
-        require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        require(0 < self.lr <= MAX_RATE, "lr", f"must be in (0, 1e6], got {self.lr}")
+        require(self.weight_decay <= MAX_RATE, "weight_decay",
+                f"must be <= 1e6, got {self.weight_decay}")
         require(0 < self.init_loss_scale <= 2.0**127, "init_loss_scale",
                 f"must be in (0, 2**127] (fp32 range), got {self.init_loss_scale}")
         require(self.seed < 2**32, "seed", f"must be < 2**32, got {self.seed}")

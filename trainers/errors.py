@@ -7,6 +7,7 @@ command lines show a message that may quote a file or an argument.
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 
 
@@ -54,19 +55,27 @@ class NonFiniteError(TrainersError, FloatingPointError):
         step: the 1-based number of the optimizer update that was refused.
         quantity: ``"loss"`` or ``"grad_norm"``.
         value: the offending value.
+        skipped_in_a_row: under fp16, the updates skipped in a row before giving up
+            (``trainers.precision.MAX_SKIPPED_IN_A_ROW``), else ``None``.
+        loss_scale: the fp16 loss scale then, else ``None``.
     """
 
-    def __init__(self, step: int, quantity: str, value: float) -> None:
-        super().__init__(
-            f"non-finite {quantity} ({value}) at optimizer update {step}; "
-            "the update was not applied"
-        )
+    def __init__(self, step: int, quantity: str, value: float, *,
+                 skipped_in_a_row: int | None = None, loss_scale: float | None = None) -> None:
+        where = (f"; fp16 skipped it for overflow {skipped_in_a_row} times in a row (the "
+                 f"loss scale fell to {loss_scale:g}): lower init_loss_scale or lr"
+                 if skipped_in_a_row is not None else "; the update was not applied")
+        super().__init__(f"non-finite {quantity} ({value}) at optimizer update {step}{where}")
         self.step = step
         self.quantity = quantity
         self.value = value
+        self.skipped_in_a_row = skipped_in_a_row
+        self.loss_scale = loss_scale
 
     def __reduce__(self):
-        return type(self), (self.step, self.quantity, self.value)
+        return functools.partial(type(self), skipped_in_a_row=self.skipped_in_a_row,
+                                 loss_scale=self.loss_scale), (
+            self.step, self.quantity, self.value)
 
 
 class CheckpointError(TrainersError):

@@ -77,7 +77,7 @@ from trainers.fields import to_dict
 from trainers.fsdp import clip_grad_norm
 from trainers.precision import MAX_SKIPPED_IN_A_ROW
 from trainers.reporting import Decision, NullReporter, Reporter
-from trainers.resume import Restored, TrainState, Window, restore, run_state
+from trainers.resume import Restored, TrainState, Window, respan, restore, run_state
 from trainers.tasks.base import Task
 
 LOOP_METRICS = frozenset({
@@ -337,7 +337,10 @@ class _Loop:
             state.skipped_updates += 1
             state.skipped_in_a_row += 1
             if state.skipped_in_a_row > MAX_SKIPPED_IN_A_ROW:
-                raise NonFiniteError(state.step + 1, "grad_norm", grad_norm)
+                raise NonFiniteError(state.step + 1, "grad_norm", grad_norm,
+                                     skipped_in_a_row=state.skipped_in_a_row,
+                                     loss_scale=run.scaler.get_scale())
+            respan(run, state.step, state.epoch, state.position)
         self.window.seconds += time.perf_counter() - t0
         return applied
 

@@ -168,19 +168,30 @@ def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Re
 
 def respan_schedule(run: Run, trainer: dict[str, Any]) -> None:
     """The schedule (and ``run.total_steps``, the ``planned_updates`` reported) of a resumed
-    run spans the update groups it went through (applied, or skipped for fp16 overflow)
-    plus those its rest takes at its config's micro-batch size and accumulation
-    (:func:`trainers.components.total_steps`). With the sizes the run had all
-    along this is the span it was built with, to the update; after a resume that changed
-    them (PBT's exploit of ``micro_batch_size``), every later resume keeps to it too, where
-    a span counted from zero at the new sizes could end before the step (an LR of 0 from
-    there: helper-32's finding, and helper-34's for the resume after it)."""
+    run spans the updates it applied plus those its rest takes at its config's
+    micro-batch size and accumulation (:func:`trainers.components.total_steps`). With the
+    sizes the run had all along this is the span the uninterrupted run has at that
+    point, to the update (:func:`respan`); after a resume that changed them (PBT's exploit
+    of ``micro_batch_size``), every later resume keeps to it too, where a span counted
+    from zero at the new sizes could end before the step (an LR of 0 from there:
+    helper-32's finding, and helper-34's for the resume after it)."""
+    respan(run, trainer["step"], trainer["epoch"], trainer["position"])
+
+
+def respan(run: Run, applied: int, epoch: int, position: int) -> None:
+    """Span the schedule over ``applied`` updates plus the update groups left from
+    ``position`` samples into ``epoch`` (0-based), within ``max_updates``, and set the
+    optimizer's LR at the schedule's position. The loop calls it at every fp16 update
+    skipped for overflow: in a run bound by ``max_epochs`` a skipped group is one
+    update fewer, and a span counted in groups ended the run before its decay did
+    (helper-38: cosine to ``min_lr_ratio`` 0.1 ended at 0.378 after 6 skips of 20)."""
     c = run.config
-    groups_done = trainer["step"] + trainer.get("skipped_updates", 0)
-    run.total_steps = total_steps(c, run.samples_per_rank, groups_done, trainer["epoch"],
-                                  trainer["position"])
-    run.scheduler.lr_lambdas = [schedule_factor(c, run.total_steps)
-                                for _ in run.optimizer.param_groups]
+    run.total_steps = total_steps(c, run.samples_per_rank, applied, epoch, position)
+    sched = run.scheduler
+    sched.lr_lambdas = [schedule_factor(c, run.total_steps) for _ in run.optimizer.param_groups]
+    for group, base, factor in zip(run.optimizer.param_groups, sched.base_lrs,
+                                   sched.lr_lambdas, strict=True):
+        group["lr"] = base * factor(sched.last_epoch)
 
 
 def apply_config_hyperparameters(run: Run) -> None:

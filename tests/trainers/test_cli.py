@@ -34,7 +34,10 @@ def test_help_documents_every_option():
 def test_bad_options_exit_nonzero_naming_the_option():
     cases = {("digits", "--lr", "-1"): "--lr", ("digits", "--lr", "fast"): "--lr",
              ("digits", "--precision", "fp8"): "--precision", ("digits", "--bogus", "1"): "--bogus",
-             ("digitz",): "digitz", ("digits", "--width", "0"): "--width"}
+             ("digitz",): "digitz", ("digits", "--width", "0"): "--width",
+             # past what AdamW's float32 step can hold: a traceback from inside it (helper-38)
+             ("digits", "--lr", "1e308"): "--lr: must be in (0, 1e6]",
+             ("digits", "--weight-decay", "1e300"): "--weight-decay: must be <= 1e6"}
     for args, name in cases.items():
         proc = run_main(*args)
         assert proc.returncode == 2, args

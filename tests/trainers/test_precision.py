@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import pickle
+import shutil
 
 import pytest
 import torch
 
 from tests.trainers.toy_tasks import LinearOptions, LinearTask, RegressionTask, flat_params
 from trainers import ListReporter, NonFiniteError, TrainConfig, fit
-from trainers.checkpoint import latest_checkpoint, load_checkpoint
+from trainers.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
@@ -136,3 +138,73 @@ def test_fp16_skips_non_finite_instead_of_raising():
     with pytest.raises(NonFiniteError, match="optimizer update 3"):
         fit(task, config)  # every update from the 3rd is NaN: skipped, then given up
     assert flat_params(task.model).isfinite().all()
+
+
+class _OverflowsOnSample(RegressionTask):
+    """The toy regression whose fp16 gradient overflows in every group holding sample 5 or
+    17: a skip the data decides, so a resumed run meets it where the uninterrupted one did."""
+
+    def loss_sum(self, model, batch):
+        loss = super().loss_sum(model, batch)
+        idx = batch[0]
+        if bool(((idx == 5) | (idx == 17)).any()):
+            loss = loss + model[0].weight.sum() * float("inf")  # a gradient of inf
+        return loss
+
+
+def _skipping(root, **changes) -> TrainConfig:
+    base = dict(micro_batch_size=4, grad_accum_steps=2, max_epochs=3, max_updates=None,
+                precision="fp16", init_loss_scale=1.0, schedule="cosine", min_lr_ratio=0.1,
+                lr=0.05, warmup_steps=2, eval_interval=1, checkpoint_interval=1,
+                keep_last_checkpoints=100, checkpoint_dir=str(root), checkpoint_fsync=False,
+                seed=3)
+    return TrainConfig(**{**base, **changes})
+
+
+def test_an_epoch_bound_fp16_run_decays_to_the_end_through_skipped_updates(tmp_path):
+    """helper-38: the schedule spanned update groups but advanced on applied updates only,
+    so a run bound by max_epochs ended before its decay (cosine to 0.1 ended at 0.378 of
+    the peak after 6 skips of 20). Each skip now makes the span one update shorter."""
+    reporter = ListReporter()
+    result = fit(_OverflowsOnSample(), _skipping(tmp_path), reporter)
+    last = reporter.reports[-1]
+    groups = 3 * 64 // 8  # 3 epochs of 64 samples in groups of 2 x 4
+    skipped = last["skipped_updates"]
+    assert 3 <= skipped <= 6  # samples 5 and 17: in one group or two, in each of 3 epochs
+    assert result.n_updates == groups - skipped == last["planned_updates"]
+    assert last["lr"] == pytest.approx(0.05 * 0.1, rel=1e-12)
+    lrs = [r["lr"] for r in reporter.reports]
+    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:], strict=False))  # never rises after warmup
+
+
+def test_a_resume_after_skipped_updates_ends_bit_identical(tmp_path):
+    full = ListReporter()
+    uninterrupted = fit(_OverflowsOnSample(), _skipping(tmp_path / "full"), full)
+    checkpoints = list_checkpoints(tmp_path / "full")
+    assert len(checkpoints) > 10
+    for step, path in checkpoints[1:-1:3]:
+        copy = tmp_path / f"copy-{step}"
+        copy.mkdir()
+        shutil.copytree(path, copy / path.name)
+        after = ListReporter()
+        resumed = fit(_OverflowsOnSample(), _skipping(copy), after, resume_from=copy)
+        assert [r["lr"] for r in after.reports] == [
+            r["lr"] for r in full.reports if r["step"] > step], step
+        assert after.reports[-1]["planned_updates"] == full.reports[-1]["planned_updates"]
+        for a, b in zip(uninterrupted.model.state_dict().values(),
+                        resumed.model.state_dict().values(), strict=True):
+            assert torch.equal(a, b), step
+
+
+def test_giving_up_after_skips_in_a_row_names_the_loss_scale():
+    task = _PoisonedTask("loss")
+    config = TrainConfig(micro_batch_size=4, max_updates=10, max_epochs=None, optimizer="sgd",
+                         lr=1e-3, precision="fp16", init_loss_scale=1.0, max_grad_norm=1.0)
+    with pytest.raises(NonFiniteError) as info:
+        fit(task, config)
+    message = str(info.value)
+    assert "at optimizer update 3; fp16 skipped it for overflow 26 times in a row" in message
+    assert f"the loss scale fell to {2.0 ** -26:g}" in message
+    assert "lower init_loss_scale or lr" in message
+    again = pickle.loads(pickle.dumps(info.value))  # Ray ships it between processes
+    assert str(again) == message and again.loss_scale == info.value.loss_scale
