@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from hpo.errors import StorageError
 from hpo.lease import holder_gone, take, while_held
@@ -69,7 +69,10 @@ log = logging.getLogger(__name__)
 LOG_NAME = "service-driver.log"
 SHUTDOWN_GRACE_S = 30.0
 CREATING_GRACE_S = 60.0
-FAIR_CANDIDATES = 500  # the oldest QUEUED studies weighed by fair share in one round
+# the oldest QUEUED studies of each owner weighed by fair share in one round: per owner, so
+# that one owner's many queued studies never hide another's (helper-39: the 500 oldest of
+# all owners, one member's 505 cheap studies starved everyone else's, cluster idle)
+QUEUED_PER_OWNER = 20
 # rounds start at least this far apart (or dispatch_interval_s, if shorter): each create
 # wakes the dispatcher, and under bench/load.py's creates a round per create was a fifth
 # of the API process's CPU; a study waits at most this long more for its round
@@ -81,6 +84,21 @@ STALE_CREATES_EVERY_S = 30.0  # how often a running dispatcher undoes creates a 
 TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.ENOMEM, errno.EMFILE,
                               errno.ENFILE, errno.ENOBUFS})
 
+
+
+def queued_candidates(session: Session, *columns: sa.ColumnElement) -> list[sa.Row]:
+    """Each owner's ``QUEUED_PER_OWNER`` oldest QUEUED studies, oldest first: the rows
+    ``quotas.pick_fair`` weighs (``id``, ``owner_id``, ``created_at``, ``spec``, then
+    ``columns``)."""
+    wanted = [StudyRow.id, StudyRow.owner_id, StudyRow.created_at, StudyRow.spec, *columns]
+    rank = sa.func.row_number().over(partition_by=StudyRow.owner_id,
+                                     order_by=(StudyRow.created_at, StudyRow.id))
+    ranked = sa.select(*wanted, rank.label("rank_of_owner")).where(
+        StudyRow.status == Status.QUEUED).subquery()
+    return session.execute(
+        sa.select(*[ranked.c[c.key] for c in wanted])
+        .where(ranked.c.rank_of_owner <= QUEUED_PER_OWNER)
+        .order_by(ranked.c.created_at, ranked.c.id)).all()
 
 class Dispatcher:
     """Runs queued studies; ``start()`` and ``shutdown()`` follow the app's lifespan.
@@ -206,11 +224,8 @@ class Dispatcher:
         driver; False if none was queued or none may start now. Sets ``waiting_for`` on
         the queued studies whose owner is over a quota (and clears it when no longer)."""
         with self.sessions() as session:
-            rows = session.execute(
-                sa.select(StudyRow.id, StudyRow.name, StudyRow.claimed_by, StudyRow.owner_id,
-                          StudyRow.created_at, StudyRow.spec, StudyRow.waiting_for)
-                .where(StudyRow.status == Status.QUEUED)
-                .order_by(StudyRow.created_at, StudyRow.id).limit(FAIR_CANDIDATES)).all()
+            rows = queued_candidates(session, StudyRow.name, StudyRow.claimed_by,
+                                     StudyRow.waiting_for)
             row, reasons = quotas.pick_fair(session, rows)
             session.rollback()
         changed = [(r.id, reasons[r.id]) for r in rows if reasons[r.id] != r.waiting_for]
@@ -241,11 +256,7 @@ class Dispatcher:
         if not ripe:
             return None
         with self.sessions() as session:
-            rows = session.execute(
-                sa.select(StudyRow.id, StudyRow.owner_id, StudyRow.created_at, StudyRow.spec)
-                .where(StudyRow.status == Status.QUEUED)
-                .order_by(StudyRow.created_at, StudyRow.id).limit(FAIR_CANDIDATES)).all()
-            pick, _ = quotas.pick_fair(session, rows)
+            pick, _ = quotas.pick_fair(session, queued_candidates(session))
         if pick is None:
             return None
         name = ripe[0][1]

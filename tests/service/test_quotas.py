@@ -525,3 +525,21 @@ def test_a_sweep_racing_the_trials_own_release_records_the_slot_once(w):
         assert sweeper.is_alive()  # waiting on the release's row lock
     sweeper.join(30)
     assert swept == [0] and w.n_slots() == 0 and w.events() == [2.0]
+
+
+def test_one_owners_many_queued_studies_never_hide_anothers(w):
+    """helper-39: the dispatcher weighed the 500 oldest QUEUED studies of all owners, so
+    505 of one member's (over its quota, or merely first) kept every later owner's study
+    QUEUED with the cluster idle."""
+    w.quota("alice", max_running_trials=0)
+    w.submit("alice", "a-0")
+    spec, t0, alice = w.row("a-0").spec, w.row("a-0").created_at, w.owner("alice")
+    with w.sessions.begin() as s:
+        s.add_all([StudyRow(name=f"a-{i}", owner_id=alice, status=Status.QUEUED, spec=spec,
+                            n_trials=1, created_at=t0 + dt.timedelta(microseconds=i))
+                   for i in range(1, 520)])
+    w.submit("bob", "b-late")
+    d = w.dispatcher()
+    d.run_once()
+    assert d.started == ["b-late"]
+    assert w.row("a-0").waiting_for == "quota max_running_trials: 0 of 0 trials running"
