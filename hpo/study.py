@@ -157,18 +157,24 @@ def fail_running_trials(storage: optuna.storages.BaseStorage, name: str, reason:
                         devices: float, now: dt.datetime) -> list[int]:
     """End FAIL, with ``fail_reason``, every RUNNING trial of study ``name`` whose driver
     died (``kill -9``, out of memory) while the study ends with it: nothing is left to
-    resume or end them. Each keeps ``wall_time_s`` and ``device_seconds`` from its start to
-    ``now`` (the study's end; naive local time, as Optuna's ``datetime_start``), ``devices``
-    per second held. The numbers of the trials ended; none for a study that is not stored.
+    resume or end them; and its WAITING ones (queued points, requeued trials), which no
+    driver will ask for (helper-39), with no time held. Each keeps ``wall_time_s`` and
+    ``device_seconds`` from its start to ``now`` (the study's end; naive local time, as
+    Optuna's ``datetime_start``), ``devices`` per second held. The numbers of the trials
+    ended; none for a study that is not stored.
     """
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return []
     ended = []
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+    waiting, running = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
+    for trial in study.get_trials(deepcopy=False, states=(running, waiting)):
+        if trial.state == waiting and not storage.set_trial_state_values(
+                trial_id_of(trial), running):  # Optuna ends running trials only
+            continue  # taken by another process
         wall = max(0.0, (now - trial.datetime_start).total_seconds()) \
-            if trial.datetime_start is not None else 0.0
+            if trial.datetime_start is not None and trial.state == running else 0.0
         set_trial_user_attrs(storage, trial_id_of(trial), {
             "fail_reason": reason, "wall_time_s": round(wall, 3),
             "device_seconds": round(wall * devices, 3)})

@@ -8,6 +8,7 @@ scheduler, wrapped in ``RecordingScheduler``, records the results).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -247,21 +248,26 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
         try:
             enqueue_warm_start(record, look_up=compare_spec)  # the service's: stored
             plan = plan_trials(record)
+            ended_by = None
             if plan.n_ray_trials > 0:
                 if not cluster_checked:  # a stored study continued, perhaps on another cluster
                     init_ray(ray_address, num_cpus, runtime_env)
                     check_resources(spec)
                 keeper = GateKeeper(gate, TrialResources.of(spec.resources))
                 try:
-                    _run_tuner(spec, record, plan, results_dir, on_change, stopper, keeper,
-                               board, stop_rule)
+                    ended_by = _run_tuner(spec, record, plan, results_dir, on_change, stopper,
+                                          keeper, board, stop_rule)
                 finally:  # trials Tune stopped with the experiment, or left to the next driver
                     keeper.release_all()
-            if stop_rule is not None and stop_rule.reason is not None \
-                    and not stopper.interrupted:  # the study is over: no point is asked now
-                record.end_waiting("stop_when")
+            if not stopper.interrupted:  # the study is over: no queued point is asked now
+                fired = stop_rule is not None and stop_rule.reason is not None
+                record.end_waiting("stop_when" if fired else "user" if stopper.stopped
+                                   else ended_by if ended_by == "timeout" else "budget")
         except Exception as e:
             board.ended(NoteEnd("FAILED", error=public_message(f"{type(e).__name__}: {e}")))
+            if not stopper.interrupted:
+                with contextlib.suppress(Exception):  # the storage may be what failed
+                    record.end_waiting("study_failed")
             raise
     result = outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted,
                      stop_reason=stop_rule.reason if stop_rule is not None else None)
@@ -272,13 +278,16 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
 def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,
                on_change: Callable[[StudyRecord], None] | None, stopper: StopWhen,
                keeper: GateKeeper, board: StudyBoard,
-               stop_rule: StudyStopRule | None = None) -> None:
+               stop_rule: StudyStopRule | None = None) -> str | None:
+    """Run the trials of ``plan`` through Tune; end those it left open. Returns the
+    ``stopped_by`` of those ends (``user``, ``timeout`` or the scheduler's name), ``None``
+    for an interrupted driver (it leaves them to the next)."""
     def notify() -> None:
         if on_change is not None:
             on_change(record)
         board.poke()
 
-    started = time.monotonic()
+    started, label = time.monotonic(), None
     try:
         # a stop (or interrupt) seen during the set-up starts no trial; orphans to resume
         # go through Tune, which ends them as it ends running trials
@@ -296,6 +305,7 @@ def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Pa
         finally:
             remove_pins(pins_dir(spec, results_dir))
             record.close()  # the queued result writes, also those an interrupted driver leaves
+    return label
 
 
 def _stored(storage, name: str) -> bool:

@@ -4,6 +4,7 @@ trials, the spec's checks, and studies on a real Ray that end early, COMPLETED."
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import optuna
 import pytest
@@ -11,7 +12,9 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from hpo.errors import SpecError
+from hpo.record import StudyRecord
 from hpo.stopping import STOP_REASON_ATTR, stop_reason
+from hpo.storage import open_storage
 from tests.hpo.test_driver import run, toy_spec
 
 T0 = dt.datetime(2026, 1, 1)
@@ -194,3 +197,43 @@ def test_warm_start_points_not_asked_when_the_rule_fires_end_pruned_not_waiting(
     # (two at a time, how many points started before point 0 ended depends on timing)
     _, again = run(spec, sqlite_url, tmp_path)  # nothing left to end, nothing added
     assert [(t.number, t.state) for t in again] == [(t.number, t.state) for t in trials]
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("end", ["user", "timeout"])
+def test_warm_start_points_never_asked_end_pruned_whatever_ends_the_study(
+        end, sqlite_url, tmp_path):
+    """helper-39: only ``stop_when`` ended the queued points; after a user's stop (or the
+    timeout) they stayed WAITING in the ended study for good."""
+    points = [{"params": {"quality": q}} for q in (0.5, 9.0, 9.5, 8.0)]
+    spec = toy_spec(f"warm-{end}", warm_start=points, config={"sleep_ms": 150},
+                    budget={"n_trials": 6, "max_concurrent_trials": 1,
+                            **({"timeout_s": 2.0} if end == "timeout" else {})})
+    started = time.monotonic()
+    stop = (lambda: time.monotonic() - started > 2.0) if end == "user" else None
+    out, trials = run(spec, sqlite_url, tmp_path, should_stop=stop)
+    assert out.stopped == (end == "user")
+    assert not [t.number for t in trials if t.state in (TrialState.WAITING,
+                                                         TrialState.RUNNING)]
+    never = [t for t in trials if t.user_attrs.get("budget_updates") == 0]
+    assert never, "the stop came after every point had run: lengthen sleep_ms"
+    for t in never:
+        assert (t.state, t.user_attrs["stopped_by"], t.intermediate_values) == (
+            TrialState.PRUNED, end, {})
+        k = int(t.user_attrs["warm_start"][len("points["):-1])
+        assert t.params == points[k]["params"]
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_stopped_studys_requeued_trial_ends_pruned_not_waiting(sqlite_url, tmp_path):
+    """helper-39: a stop, then a ``kill -9`` of the service: the next driver requeued the
+    dead driver's trial and, stopping, left the copy WAITING."""
+    spec = toy_spec("stop-requeued", budget={"n_trials": 3, "max_concurrent_trials": 1})
+    StudyRecord(spec, open_storage(sqlite_url)).ask("r-dead")  # a dead driver's trial
+    out, trials = run(spec, sqlite_url, tmp_path, should_stop=lambda: True)
+    assert out.stopped
+    assert [(t.number, t.state, t.user_attrs.get("stopped_by")) for t in trials] == [
+        (0, TrialState.FAIL, None), (1, TrialState.PRUNED, "user")]
+    assert trials[1].user_attrs["requeued_from"] == 0

@@ -195,6 +195,7 @@ def test_the_trials_a_dead_driver_left_running_end_failed_with_its_reason_and_us
     study.tell(done, 0.5)
     running = [study.ask(lr) for _ in range(2)]  # as the driver's two trials in flight
     running[0].report(0.4, 1)
+    study.enqueue_trial({"lr": 0.01})  # a point no driver will ask for now (helper-39)
     record_summary(app, "orphaned")  # the driver's last summary: 2 RUNNING
     time.sleep(0.2)
     d.drivers["orphaned"].proc.kill()
@@ -203,14 +204,16 @@ def test_the_trials_a_dead_driver_left_running_end_failed_with_its_reason_and_us
     row = _rows(app)["orphaned"]
     assert row.status == "FAILED"
     trials = optuna.load_study(study_name="orphaned", storage=c.studies.storage).trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
+    assert [t.state for t in trials] == [TrialState.COMPLETE] + [TrialState.FAIL] * 3
     for t in trials[1:]:
         assert t.user_attrs["fail_reason"] == row.error  # one line, no path
+    for t in trials[1:3]:
         assert t.user_attrs["device_seconds"] == t.user_attrs["wall_time_s"] >= 0.2
+    assert trials[3].user_attrs["device_seconds"] == trials[3].user_attrs["wall_time_s"] == 0
     assert trials[1].intermediate_values == {1: 0.4}  # its curve kept
     answer = TestClient(app).get("/v1/studies/orphaned", headers=bearer(
         create_token(c.sessions, "reader", admin=True))).json()
-    assert answer["counts"] == {"complete": 1, "pruned": 0, "failed": 2, "running": 0,
+    assert answer["counts"] == {"complete": 1, "pruned": 0, "failed": 3, "running": 0,
                                 "waiting": 0, "requeued": 0}
     assert answer["device_seconds"] == pytest.approx(
         2.5 + sum(t.user_attrs["device_seconds"] for t in trials[1:]), abs=1e-6)
