@@ -73,6 +73,12 @@ CREATING_GRACE_S = 60.0
 # that one owner's many queued studies never hide another's (helper-39: the 500 oldest of
 # all owners, one member's 505 cheap studies starved everyone else's, cluster idle)
 QUEUED_PER_OWNER = 20
+# a driver of this process silent this long (no heartbeat), or still running a study this
+# long after its stop was asked, is killed and its study taken over (helper-39: a hung
+# driver, SIGSTOP standing in for a deadlock, held its study RUNNING and its slot for good,
+# and its stop was ignored): at least this, and 3 x HPO_HEARTBEAT_TIMEOUT_S, so that a
+# driver merely starved of CPU (2 cores, a test suite beside it) is never taken for hung
+LOCAL_PATIENCE_MIN_S = 60.0
 # rounds start at least this far apart (or dispatch_interval_s, if shorter): each create
 # wakes the dispatcher, and under bench/load.py's creates a round per create was a fifth
 # of the API process's CPU; a study waits at most this long more for its round
@@ -126,6 +132,7 @@ class Dispatcher:
         # for a study that had run before (requeued or taken over), and of those, takeovers
         self.last_round_at: float | None = None
         self._waiting_since: dict[str, float] = {}  # studies driven here waiting for a quota
+        self._stop_seen: dict[str, float] = {}  # studies driven here since when asked to stop
         self.restarts = 0
         self.takeovers = 0
         self._creates_swept_at = time.monotonic()  # start-up's recovery sweeps them first
@@ -199,6 +206,7 @@ class Dispatcher:
         """One round: reap drivers, take over abandoned studies, claim queued ones (until a
         driver cannot start: its study, queued again, waits for the next round)."""
         self.reap()
+        self.kill_hung_drivers()
         self._requeued = False
         if time.monotonic() - self._creates_swept_at >= STALE_CREATES_EVERY_S:
             self.undo_stale_creates()
@@ -270,6 +278,41 @@ class Dispatcher:
                  name)
         self.drivers[name].interrupt()
         return name
+
+    def kill_hung_drivers(self) -> list[str]:
+        """Kill the drivers of this process that are silent (no heartbeat) or deaf to their
+        study's stop for ``LOCAL_PATIENCE_MIN_S`` or 3 x ``heartbeat_timeout_s``, whichever
+        is longer, counted from their start: :meth:`abandoned` then hands their studies to
+        new drivers, which resume the trials (or end them, when stopped). The names of the
+        studies whose driver was killed."""
+        if not self.drivers:
+            return []
+        patience = max(LOCAL_PATIENCE_MIN_S, 3 * self.settings.heartbeat_timeout_s)
+        with self.sessions() as session:
+            rows = session.execute(sa.select(
+                StudyRow.name, StudyRow.heartbeat_at, StudyRow.stop_requested).where(
+                StudyRow.name.in_(list(self.drivers)), StudyRow.status == Status.RUNNING)).all()
+        now, cutoff = time.monotonic(), utcnow().timestamp() - patience
+        self._stop_seen = {name: self._stop_seen.get(name, now)
+                           for name, _, stop in rows if stop}
+        killed = []
+        for name, beat, _ in rows:
+            driver = self.drivers[name]
+            if now - driver.started_at < patience:
+                continue
+            silent = beat is None or beat.timestamp() < cutoff
+            if not silent and now - self._stop_seen.get(name, now) < patience:
+                continue
+            log.error("study %s: its driver (pid %d) %s for %.0f s: killed, the study is "
+                      "taken over", name, driver.pid,
+                      "sent no heartbeat" if silent else "ignored the study's stop", patience)
+            driver.proc.kill()
+            driver.proc.wait()
+            driver.close()
+            del self.drivers[name]
+            self._stop_seen.pop(name, None)
+            killed.append(name)
+        return killed
 
     def abandoned(self) -> list[tuple[str, str | None]]:
         """RUNNING studies not driven from here whose driver is gone: ``(name, claim)``

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
+from service import dispatcher as dispatcher_module
 from service.app import create_app
 from service.auth import create_token
 from service.db import Status, StudyRow, utcnow
@@ -641,3 +643,43 @@ def test_a_spare_whose_preload_fails_still_says_ready(tmp_path):
     done = subprocess.run([sys.executable, "-m", "service.worker", "--warm"], input="",
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
     assert (done.returncode, done.stdout) == (0, "ready\n"), done.stderr
+
+
+@pytest.mark.parametrize("how", ["silent", "deaf-to-its-stop"])
+def test_a_hung_local_driver_is_killed_and_its_study_taken_over(world, monkeypatch, how):
+    """helper-39: a driver of this process that hung (SIGSTOP for a deadlock) was trusted as
+    long as its process lived: its study stayed RUNNING, its slot taken, its stop ignored."""
+    app, submit, dispatcher = world
+    monkeypatch.setattr(dispatcher_module, "LOCAL_PATIENCE_MIN_S", 0.0)
+    submit("hung")
+    d = dispatcher(heartbeat_s=0.1, heartbeat_timeout_s=0.5)  # patience: 1.5 s
+    d.run_once()
+    first = d.drivers["hung"]
+    if how == "silent":
+        _set(app, "hung", heartbeat_at=utcnow() - dt.timedelta(seconds=10))
+    else:
+        _set(app, "hung", heartbeat_at=utcnow(), stop_requested=True)
+    d.run_once()  # not yet: younger than its patience
+    assert d.started == ["hung"] and first.exit_code() is None
+    time.sleep(1.6)
+    if how != "silent":
+        _set(app, "hung", heartbeat_at=utcnow())  # it beats, but never stops
+    d.run_once()
+    assert first.exit_code() == -signal.SIGKILL
+    assert d.started == ["hung", "hung"]  # a new driver took the study over
+    row = _rows(app)["hung"]
+    assert row.status == "RUNNING" and row.attempts == 2
+    assert row.claimed_by == d.drivers["hung"].claim != first.claim
+
+
+def test_a_driver_beating_and_not_asked_to_stop_is_left_alone(world, monkeypatch):
+    app, submit, dispatcher = world
+    monkeypatch.setattr(dispatcher_module, "LOCAL_PATIENCE_MIN_S", 0.0)
+    submit("busy")
+    d = dispatcher(heartbeat_s=0.1, heartbeat_timeout_s=0.5)
+    d.run_once()
+    for _ in range(4):
+        time.sleep(0.5)
+        _set(app, "busy", heartbeat_at=utcnow())
+        d.run_once()
+    assert d.started == ["busy"] and d.drivers["busy"].exit_code() is None
