@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import re
 import sqlite3
 import time
@@ -27,6 +28,8 @@ import sqlalchemy.pool
 from sqlalchemy.engine import make_url
 
 from hpo.errors import StorageError
+
+_log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
@@ -189,7 +192,11 @@ def database_lock(url: str, name: str, key: int) -> Iterator[None]:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(f"{path.name}.{name}-lock"), "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _say_waiting(name)
+                fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
             yield
         return
     if make_url(url).get_backend_name() != "postgresql":
@@ -199,7 +206,19 @@ def database_lock(url: str, name: str, key: int) -> Iterator[None]:
                                       hide_parameters=True)
     try:
         with engine.begin() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+            if not conn.execute(sqlalchemy.text("SELECT pg_try_advisory_xact_lock(:key)"),
+                                {"key": key}).scalar():
+                _say_waiting(name)
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
+                             {"key": key})
             yield
     finally:
         engine.dispose()
+
+
+def _say_waiting(name: str) -> None:
+    """Say why a start waits (helper-39: ``hpo serve`` and the CLI hung silently, port
+    bound, while another process held the lock). No time limit: a migration of a large
+    database may take long; the process holding the lock is the one to look at."""
+    _log.warning("waiting for the database's %s lock, which another process holds (a "
+                 "service starting or migrating, or `hpo db upgrade`)", name)

@@ -114,3 +114,39 @@ def test_a_storage_error_is_one_line_without_the_sql_statement(tmp_path):
     assert "\n" not in message and "[SQL" not in message and "CREATE" not in message
     assert message == (f"cannot open storage sqlite:///{path}: (sqlite3.OperationalError) "
                        "there is already an index named studies")
+
+
+def test_a_process_waiting_for_the_database_lock_says_so_then_takes_it(db_url, caplog):
+    """helper-39: ``hpo serve`` and the CLI waited silently, port bound, while another
+    process held the migration lock (a stuck ``hpo db upgrade``)."""
+    import threading
+    import time
+
+    from hpo.engines import database_lock
+
+    held, release, order = threading.Event(), threading.Event(), []
+
+    def holder():
+        with database_lock(db_url, "migrate-test", 0x7465_7374):
+            held.set()
+            release.wait(30)
+            order.append("holder done")
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(30)
+    threading.Timer(1.0, release.set).start()
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="hpo.engines"), \
+            database_lock(db_url, "migrate-test", 0x7465_7374):
+        order.append("waiter in")
+    thread.join(30)
+    assert order == ["holder done", "waiter in"] and time.monotonic() - started >= 0.9
+    assert [r.getMessage() for r in caplog.records] == [
+        "waiting for the database's migrate-test lock, which another process holds (a "
+        "service starting or migrating, or `hpo db upgrade`)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hpo.engines"), \
+            database_lock(db_url, "migrate-test", 0x7465_7374):  # free: no word
+        pass
+    assert caplog.records == []
