@@ -26,9 +26,11 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,6 +44,32 @@ STATUS_ENV = "HPO_DISPATCHER_STATUS"  # where the first process publishes its di
 WAKE_SIGNAL = signal.SIGUSR1
 RESTART_DELAY_S = 1.0
 STOP_TIMEOUT_S = 15.0
+
+
+METRICS_DIR_PREFIX = "hpo-api-"
+
+
+def new_metrics_dir() -> Path:
+    """A new folder for the API processes' shared metrics (``use_shared_metrics``), named
+    after this process (``hpo-api-<pid>-XXXXXXXX`` in the temporary folder), after removing
+    those whose process is gone: ``hpo serve`` removes its own on the way out, but a
+    ``kill -9`` left one behind at each crash (helper-39)."""
+    tmp = Path(tempfile.gettempdir())
+    for old in tmp.glob(f"{METRICS_DIR_PREFIX}*-*"):
+        pid = old.name[len(METRICS_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-", dir=tmp))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def use_shared_metrics(directory: Path) -> None:

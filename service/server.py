@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -273,7 +272,7 @@ def _serve(settings: Settings, sock: socket.socket | None, signals: _StopSignals
                                         ray_auth_mode=local_ray.auth_mode)
             log.info("local Ray head at %s", local_ray.address)
         if settings.api_processes > 1:
-            shared = Path(tempfile.mkdtemp(prefix="hpo-api-"))
+            shared = api_processes.new_metrics_dir()
             api_processes.use_shared_metrics(shared)  # before prometheus_client's import
         from service.app import create_app  # seconds of imports: after the port is ours
 

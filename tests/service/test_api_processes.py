@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from service.api_processes import METRICS_ENV, DispatcherStatus
+from service.api_processes import METRICS_ENV, DispatcherStatus, new_metrics_dir
 from service.process import child_env
 from service.settings import Settings
 from tests.service.conftest import bearer, tiny_spec, wait_for
@@ -66,6 +69,29 @@ def test_drivers_do_not_inherit_the_metrics_directory(monkeypatch):
     monkeypatch.setenv(METRICS_ENV, "/tmp/somewhere")
     assert METRICS_ENV not in child_env({})
     assert child_env({METRICS_ENV: "/x"})[METRICS_ENV] == "/x"  # unless asked for
+
+
+def test_a_metrics_folder_a_killed_server_left_is_removed_by_the_next_one(monkeypatch,
+                                                                          tmp_path):
+    """helper-39: ``kill -9`` of ``hpo serve`` with HPO_API_PROCESSES=2 left its
+    ``hpo-api-*`` folder behind at each crash."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        left = tmp_path / f"hpo-api-{dead}-abcd1234"
+        other = tmp_path / f"hpo-api-{live.pid}-abcd1234"
+        unrelated = tmp_path / "hpo-api-notapid"
+        for folder in (left, other, unrelated):
+            (folder / "counter_1.db").parent.mkdir()
+            (folder / "counter_1.db").write_bytes(b"x")
+        made = new_metrics_dir()
+        assert made.name.startswith(f"hpo-api-{os.getpid()}-") and made.is_dir()
+        assert not left.exists() and other.exists() and unrelated.exists()
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_api_processes_are_bounded():
