@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial
 from starlette.concurrency import run_in_threadpool
 
 from hpo.summary import best_of
-from service.api_errors import error_response
+from service.api_errors import HTTP_CODES, error_response
 from service.dashboard_cache import serialize_trial
 from service.schemas import HIDDEN_TRIAL_ATTRS, public_attrs
 
@@ -227,6 +227,7 @@ class ServerErrors:
     def __init__(self, scope, send, gone: Callable[[], Awaitable[str | None]]) -> None:
         self.scope, self._send, self.gone = scope, send, gone
         self.failed = self.started = False
+        self.refused: int | None = None  # a 4xx answered as a page, not as JSON
 
     async def run(self, app, receive, send) -> None:
         """``app(scope, receive, send)``, where ``send`` ends in :meth:`send` (directly, or
@@ -244,6 +245,17 @@ class ServerErrors:
         if message["type"] == "http.response.start" and message["status"] >= 500:
             self.failed = True
             return
+        if message["type"] == "http.response.start" and message["status"] >= 400 \
+                and not _is_json(message):  # Bottle's HTML page, a plain "Not Found"
+            self.refused = message["status"]
+            return
+        if self.refused is not None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.started = True
+                answer = error_response(self.refused, HTTP_CODES.get(self.refused, "refused"),
+                                        DASHBOARD_REFUSALS.get(self.refused, "refused"))
+                await answer(self.scope, _nothing, self._send)
+            return
         if not self.failed:
             self.started = True
             await self._send(message)
@@ -257,6 +269,17 @@ class ServerErrors:
         answer = (error_response(404, "not_found", missing) if missing else
                   error_response(500, "internal", "internal error"))
         await answer(self.scope, _nothing, self._send)
+
+
+# what a refusal of optuna-dashboard's (a page, not JSON) says instead (helper-39:
+# ``/static/..%2f..``'s 403 was Bottle's HTML page, an unknown artifact a plain "Not Found")
+DASHBOARD_REFUSALS = {403: "this path is not served", 404: "no such dashboard path or file",
+                      405: "method not allowed on this dashboard path"}
+
+
+def _is_json(start_message) -> bool:
+    return any(k.lower() == b"content-type" and v.split(b";")[0].strip().endswith(b"json")
+               for k, v in start_message.get("headers", []))
 
 
 async def _nothing() -> dict:

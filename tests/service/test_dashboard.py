@@ -15,6 +15,7 @@ import pytest
 
 from service.app import create_app
 from service.dashboard import ALLOWED, REFUSED, Access
+from service.dashboard_answers import DASHBOARD_REFUSALS
 from tests.service.conftest import TestClient, bearer, record_summary, tiny_spec
 
 ALICE_STUDY = "alice-secret-study"  # a name that appears nowhere else in any answer
@@ -72,10 +73,13 @@ def _variants(path: str) -> list[str]:
 
 
 def _gate_refused(r) -> bool:
-    """The answer is the gate's (the service's JSON error shape), not the dashboard's."""
+    """The answer is the gate's (the service's JSON error shape), not the dashboard's (its
+    own refusals, pages, are given that shape with ``DASHBOARD_REFUSALS``' messages)."""
     return (r.status_code in (401, 403, 404, 405)
             and r.headers.get("content-type", "").startswith("application/json")
-            and (r.request.method == "HEAD" or "error" in r.json()))
+            and (r.request.method == "HEAD" or (
+                "error" in r.json()
+                and r.json()["error"]["message"] not in DASHBOARD_REFUSALS.values())))
 
 
 def test_dashboard_page_and_assets_answer_at_the_root_path(client, tokens, studies):
@@ -220,7 +224,22 @@ def test_ids_beyond_the_database_integers_answer_404(client, tokens, studies):
             expected = 403 if method == "PUT" and who == "bob" else 404  # bob may not write
             assert r.status_code == expected, (who, method, path, r.text)
     ok = client.get(f"/artifacts/{sid}/{tid}/{art}", headers=bearer(tokens["bob"]))
-    assert ok.status_code == 404 and "error" not in ok.text  # the gate let it through
+    assert ok.status_code == 404 and not _gate_refused(ok)  # the gate let it through
+
+
+@pytest.mark.parametrize(("path", "status"), [
+    ("/static/..%2f..%2fpyproject.toml", 403),  # Bottle's HTML page (helper-39)
+    ("/static/no-such-file.js", 404),
+    ("/artifacts/{sid}/{tid}/0123abcd-0000-4000-8000-00000000abcd", 404),  # plain text
+])
+def test_the_dashboards_own_refusals_answer_in_the_service_error_shape(
+        client, tokens, studies, path, status):
+    sid, tid = studies[BOB_STUDY], studies[f"{BOB_STUDY}/trial"]
+    r = client.get(path.format(sid=sid, tid=tid), headers=bearer(tokens["bob"]))
+    assert r.status_code == status
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {"error": {"code": {403: "forbidden", 404: "not_found"}[status],
+                                  "message": DASHBOARD_REFUSALS[status], "details": []}}
 
 
 def test_admin_tokens_can_write_notes_through_the_dashboard(client, tokens, studies):
