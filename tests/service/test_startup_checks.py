@@ -55,7 +55,7 @@ def test_a_results_dir_without_write_permission_is_refused(tmp_path, monkeypatch
         def refused(*_args, **_kwargs):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(results / "x"))
 
-        monkeypatch.setattr(server_module.tempfile, "mkdtemp", refused)
+        monkeypatch.setattr("service.health.tempfile.mkdtemp", refused)
     with pytest.raises(SettingsError) as caught:
         server_module.check_results_dir(Settings(results_dir=results))
     assert str(caught.value) == (f"HPO_RESULTS_DIR '{results}' cannot be used as a "
