@@ -207,9 +207,10 @@ class StudyRecord:
     def end_waiting(self, stopped_by: str) -> int:
         """End PRUNED (``stopped_by``, ``budget_updates`` 0) the study's WAITING trials, the
         warm-start points and requeued parameters no driver will ask for any more once the
-        study ended (``budget.stop_when`` fired, a user's stop, its timeout or budget, a
-        failure: ``hpo.tune.driver.run_study``): left WAITING, an ended study kept them open
-        for good (helper-39 found them after a stop, and after a stop then a ``kill -9``).
+        study ended (``budget.stop_when`` fired, a user's stop, its budget; its timeout or a
+        failure where the study is not run again: ``hpo.tune.driver.run_study``'s
+        ``final``): left WAITING, an ended study kept them open for good (helper-39 found
+        them after a stop, and after a stop then a ``kill -9``).
         Each is taken RUNNING first (Optuna ends only running trials), so that one another
         process took meanwhile is left to it. Returns how many were ended."""
         ended = 0

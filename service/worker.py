@@ -158,7 +158,8 @@ def drive(settings: Settings, sessions: sessionmaker, name: str, claim: str) -> 
                                 compare_spec=False,  # the stored spec itself
                                 should_stop=beat.should_stop,
                                 should_interrupt=beat.should_interrupt, gate=gate,
-                                owner=owner)  # for the study's dashboard note
+                                owner=owner,  # for the study's dashboard note
+                                final=True)  # an ended study is not run again
         finally:
             tracker.flush()  # the last summary, before finish() writes the study's end
     except Exception as e:  # the traceback goes to this driver's log, one line to the row

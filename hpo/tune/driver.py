@@ -171,7 +171,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
               listener: TrialListener | None = None,
               compare_spec: bool = True, gate: TrialGate | None = None,
               owner: str | None = None,
-              artifact_dir: str | Path | None = None) -> StudyOutcome:
+              artifact_dir: str | Path | None = None, final: bool = False) -> StudyOutcome:
     """Run ``spec`` until ``budget.n_trials`` trials of the study have finished.
 
     The dataset check (scheduler budgets against the trials' planned updates)
@@ -208,6 +208,11 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             ``FileSystemArtifactStore``, ``hpo.models``); default
             ``<results_dir>/artifacts``.
         owner: the study's owner, for its dashboard note (``hpo.board``); default none.
+        final: whether this run's end ends the study for good (the service's: a
+            COMPLETED, STOPPED or FAILED study is not run again). The study's WAITING
+            trials (queued points, requeued trials) end PRUNED when it ends but for an
+            interruption; after ``budget.timeout_s`` or a failure only where ``final``:
+            ``hpo run`` run again continues the study, and asks them then.
 
     Raises:
         SpecError: the cluster cannot hold one trial, a warm-start source is
@@ -259,13 +264,14 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
                                           keeper, board, stop_rule)
                 finally:  # trials Tune stopped with the experiment, or left to the next driver
                     keeper.release_all()
-            if not stopper.interrupted:  # the study is over: no queued point is asked now
-                fired = stop_rule is not None and stop_rule.reason is not None
-                record.end_waiting("stop_when" if fired else "user" if stopper.stopped
-                                   else ended_by if ended_by == "timeout" else "budget")
+            fired = stop_rule is not None and stop_rule.reason is not None
+            end = "stop_when" if fired else "user" if stopper.stopped else \
+                "timeout" if ended_by == "timeout" else "budget"
+            if not stopper.interrupted and (final or end != "timeout"):
+                record.end_waiting(end)  # the study is over: no queued point is asked now
         except Exception as e:
             board.ended(NoteEnd("FAILED", error=public_message(f"{type(e).__name__}: {e}")))
-            if not stopper.interrupted:
+            if final and not stopper.interrupted:
                 with contextlib.suppress(Exception):  # the storage may be what failed
                     record.end_waiting("study_failed")
             raise

@@ -201,21 +201,27 @@ def test_warm_start_points_not_asked_when_the_rule_fires_end_pruned_not_waiting(
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("end", ["user", "timeout"])
+@pytest.mark.parametrize("end", ["user", "timeout", "timeout-not-final"])
 def test_warm_start_points_never_asked_end_pruned_whatever_ends_the_study(
         end, sqlite_url, tmp_path):
     """helper-39: only ``stop_when`` ended the queued points; after a user's stop (or the
-    timeout) they stayed WAITING in the ended study for good."""
+    timeout) they stayed WAITING in the ended study for good. ``hpo run`` (not ``final``)
+    keeps them at its timeout: run again, it continues the study and asks them."""
     points = [{"params": {"quality": q}} for q in (0.5, 9.0, 9.5, 8.0)]
     spec = toy_spec(f"warm-{end}", warm_start=points, config={"sleep_ms": 150},
                     budget={"n_trials": 6, "max_concurrent_trials": 1,
-                            **({"timeout_s": 2.0} if end == "timeout" else {})})
+                            **({"timeout_s": 2.0} if end != "user" else {})})
     started = time.monotonic()
     stop = (lambda: time.monotonic() - started > 2.0) if end == "user" else None
-    out, trials = run(spec, sqlite_url, tmp_path, should_stop=stop)
+    out, trials = run(spec, sqlite_url, tmp_path, should_stop=stop,
+                      final=end != "timeout-not-final")
     assert out.stopped == (end == "user")
-    assert not [t.number for t in trials if t.state in (TrialState.WAITING,
-                                                         TrialState.RUNNING)]
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    if end == "timeout-not-final":
+        assert waiting, "every point ran before the timeout: lengthen sleep_ms"
+        return
+    assert waiting == []
     never = [t for t in trials if t.user_attrs.get("budget_updates") == 0]
     assert never, "the stop came after every point had run: lengthen sleep_ms"
     for t in never:
@@ -232,7 +238,7 @@ def test_a_stopped_studys_requeued_trial_ends_pruned_not_waiting(sqlite_url, tmp
     dead driver's trial and, stopping, left the copy WAITING."""
     spec = toy_spec("stop-requeued", budget={"n_trials": 3, "max_concurrent_trials": 1})
     StudyRecord(spec, open_storage(sqlite_url)).ask("r-dead")  # a dead driver's trial
-    out, trials = run(spec, sqlite_url, tmp_path, should_stop=lambda: True)
+    out, trials = run(spec, sqlite_url, tmp_path, should_stop=lambda: True, final=True)
     assert out.stopped
     assert [(t.number, t.state, t.user_attrs.get("stopped_by")) for t in trials] == [
         (0, TrialState.FAIL, None), (1, TrialState.PRUNED, "user")]
