@@ -405,15 +405,19 @@ def _prune(root: Path, keep_last: int) -> None:
                 child.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, fall_back: bool = True) -> dict[str, Any]:
     """Read the state of a checkpoint directory, or of the newest one under a root that
-    loads: one whose ``state.pt`` a power loss tore (written without
-    ``checkpoint_fsync``) is skipped with a warning naming it, for the one before it. The
-    resumed run's next checkpoint then retires the skipped one (:func:`publish`).
+    loads: with ``fall_back``, one whose ``state.pt`` a power loss tore (written without
+    ``checkpoint_fsync``: it does not unpickle) is skipped with a warning naming it, for
+    the one before it; the resumed run's next checkpoint then retires the skipped one
+    (:func:`publish`). An ``OSError`` or ``MemoryError`` reading it is no tear and is
+    raised. Ranks of one run must agree on the checkpoint: ``fit`` falls back in a run of
+    one process only (helper-40: two DDP ranks resumed from different steps).
 
     Raises:
         CheckpointError: nothing loadable at ``path`` (a directory: its state; a root:
-            any of its checkpoints), or the newest is sharded (FSDP).
+            its newest, or any of its checkpoints with ``fall_back``), or the newest is
+            sharded (FSDP).
     """
     path = Path(path)
     if (path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file():
@@ -427,7 +431,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         try:
             state = _load_state(checkpoint)
         except CheckpointError as e:
-            if (checkpoint / SHARDED_STATE_FILE).is_file():
+            if not fall_back or (checkpoint / SHARDED_STATE_FILE).is_file() or isinstance(
+                    e.__cause__, OSError | MemoryError):
                 raise
             first_error = first_error or e
             _log.warning("skipping checkpoint %s: %s", checkpoint.name, e)

@@ -157,15 +157,21 @@ def _params_from_checkpoint(root: Path) -> tuple[str, dict[str, Any]]:
     so that resuming a copy never writes into (and prunes) the original run.
     """
     is_checkpoint = (root / ckpt.META_FILE).is_file()
-    newest = root if is_checkpoint else ckpt.latest_checkpoint(root)
-    if newest is None:
+    found = [root] if is_checkpoint else [p for _, p in reversed(ckpt.list_checkpoints(root))]
+    if not found:
         raise ConfigError("--resume", f"no checkpoint under {root}")
-    try:
-        meta = json.loads((newest / ckpt.META_FILE).read_text())
-        task, params = meta["task"], {**meta["config"], **meta["options"]}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError("--resume", f"unreadable checkpoint metadata in {newest}: "
-                                      f"{type(e).__name__}: {e}") from None
+    first_error = None
+    for checkpoint in found:  # the newest whose meta.json reads (a power loss tears it too)
+        try:
+            meta = json.loads((checkpoint / ckpt.META_FILE).read_text())
+            task, params = meta["task"], {**meta["config"], **meta["options"]}
+            break
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            first_error = first_error or ConfigError(
+                "--resume", f"unreadable checkpoint metadata in {checkpoint}: "
+                            f"{type(e).__name__}: {e}")
+    else:
+        raise first_error
     params["checkpoint_dir"] = str(root.parent if is_checkpoint else root)
     return task, params
 

@@ -743,3 +743,40 @@ def test_a_root_whose_checkpoints_are_all_torn_fails_naming_the_newest(tmp_path)
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):  # one named: no other
         fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=5),
             resume_from=found[-1][1])
+
+
+def test_a_read_error_is_no_tear_and_ranks_never_fall_back(tmp_path, monkeypatch):
+    """helper-40: any failure counted as a tear, so one transient EIO rolled a run back,
+    and two DDP ranks resumed from different checkpoints."""
+    fit(RegressionTask(OPTIONS), _config(tmp_path, max_updates=3, checkpoint_fsync=False))
+    newest = list_checkpoints(tmp_path)[-1][1]
+    real_load = torch.load
+
+    def eio(path, *args, **kwargs):
+        if Path(path).parent == newest:
+            raise OSError(5, "Input/output error")
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", eio)
+    with pytest.raises(CheckpointError, match="OSError"):
+        load_checkpoint(tmp_path)
+    monkeypatch.setattr(torch, "load", real_load)
+    (newest / "state.pt").write_bytes(b"torn")
+    assert load_checkpoint(tmp_path)["trainer"]["step"] < 3  # one process: falls back
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        load_checkpoint(tmp_path, fall_back=False)  # what fit asks under DDP
+
+
+def test_the_cli_resumes_a_root_whose_newest_metadata_is_torn(tmp_path):
+    from tests.trainers.cli_in_process import run_main
+
+    root = tmp_path / "ckpt"
+    assert run_main("digits", "--width", "4", "--max-updates", "4", "--max-epochs", "none",
+                    "--eval-interval", "2", "--no-checkpoint-fsync", "--checkpoint-dir",
+                    str(root), "--quiet").returncode == 0
+    newest = list_checkpoints(root)[-1][1]
+    (newest / "meta.json").write_text("")
+    (newest / "state.pt").write_bytes(b"torn")
+    proc = run_main("--resume", str(root), "--max-updates", "6", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "checkpoint-00000006").is_dir()
