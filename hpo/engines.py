@@ -18,7 +18,7 @@ import logging
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import sqlalchemy
@@ -192,9 +192,7 @@ def database_lock(url: str, name: str, key: int) -> Iterator[None]:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(f"{path.name}.{name}-lock"), "a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _within(LOCK_QUIET_S, lambda: _flock_now(handle)):
                 _say_waiting(name)
                 fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
             yield
@@ -206,8 +204,8 @@ def database_lock(url: str, name: str, key: int) -> Iterator[None]:
                                       hide_parameters=True)
     try:
         with engine.begin() as conn:
-            if not conn.execute(sqlalchemy.text("SELECT pg_try_advisory_xact_lock(:key)"),
-                                {"key": key}).scalar():
+            if not _within(LOCK_QUIET_S, lambda: conn.execute(sqlalchemy.text(
+                    "SELECT pg_try_advisory_xact_lock(:key)"), {"key": key}).scalar()):
                 _say_waiting(name)
                 conn.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
                              {"key": key})
@@ -216,9 +214,33 @@ def database_lock(url: str, name: str, key: int) -> Iterator[None]:
         engine.dispose()
 
 
+# a lock taken within this long says nothing: processes opening one database at once take
+# it in turn for a moment (helper-40: every driver's open warned)
+LOCK_QUIET_S = 3.0
+
+
+def _flock_now(handle) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _within(seconds: float, take: Callable[[], bool]) -> bool:
+    """Whether ``take()`` (a try-lock) succeeds within ``seconds``, tried every 50 ms."""
+    deadline = time.monotonic() + seconds
+    while not take():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _say_waiting(name: str) -> None:
     """Say why a start waits (helper-39: ``hpo serve`` and the CLI hung silently, port
     bound, while another process held the lock). No time limit: a migration of a large
     database may take long; the process holding the lock is the one to look at."""
-    _log.warning("waiting for the database's %s lock, which another process holds (a "
-                 "service starting or migrating, or `hpo db upgrade`)", name)
+    _log.warning("waiting for the database's %s lock, which another process has held for "
+                 "more than %.0f s (a service starting or migrating, or `hpo db upgrade`)", name,
+                 LOCK_QUIET_S)

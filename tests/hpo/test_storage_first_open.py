@@ -116,12 +116,14 @@ def test_a_storage_error_is_one_line_without_the_sql_statement(tmp_path):
                        "there is already an index named studies")
 
 
-def test_a_process_waiting_for_the_database_lock_says_so_then_takes_it(db_url, caplog):
+def test_a_process_waiting_for_the_database_lock_says_so_then_takes_it(db_url, caplog,
+                                                                      monkeypatch):
     """helper-39: ``hpo serve`` and the CLI waited silently, port bound, while another
     process held the migration lock (a stuck ``hpo db upgrade``)."""
     import threading
     import time
 
+    from hpo import engines
     from hpo.engines import database_lock
 
     held, release, order = threading.Event(), threading.Event(), []
@@ -135,6 +137,7 @@ def test_a_process_waiting_for_the_database_lock_says_so_then_takes_it(db_url, c
     thread = threading.Thread(target=holder)
     thread.start()
     assert held.wait(30)
+    monkeypatch.setattr(engines, "LOCK_QUIET_S", 0.3)  # a wait this long says so
     threading.Timer(1.0, release.set).start()
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="hpo.engines"), \
@@ -143,10 +146,22 @@ def test_a_process_waiting_for_the_database_lock_says_so_then_takes_it(db_url, c
     thread.join(30)
     assert order == ["holder done", "waiter in"] and time.monotonic() - started >= 0.9
     assert [r.getMessage() for r in caplog.records] == [
-        "waiting for the database's migrate-test lock, which another process holds (a "
-        "service starting or migrating, or `hpo db upgrade`)"]
+        "waiting for the database's migrate-test lock, which another process has held for "
+        "more than 0 s (a service starting or migrating, or `hpo db upgrade`)"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="hpo.engines"), \
             database_lock(db_url, "migrate-test", 0x7465_7374):  # free: no word
         pass
+    assert caplog.records == []
+    release.clear()  # held for less than LOCK_QUIET_S: taken without a word
+    held.clear()
+    monkeypatch.setattr(engines, "LOCK_QUIET_S", 3.0)
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(30)
+    threading.Timer(0.5, release.set).start()
+    with caplog.at_level("WARNING", logger="hpo.engines"), \
+            database_lock(db_url, "migrate-test", 0x7465_7374):
+        pass
+    thread.join(30)
     assert caplog.records == []
