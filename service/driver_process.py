@@ -38,7 +38,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from pathlib import Path
 
@@ -70,7 +69,6 @@ class DriverProcess:
         self.claim = claim
         self.proc = proc
         self.log_path = log_path
-        self.started_at = time.monotonic()  # when it was given the study
 
     @property
     def pid(self) -> int:

@@ -683,3 +683,21 @@ def test_a_driver_beating_and_not_asked_to_stop_is_left_alone(world, monkeypatch
         _set(app, "busy", heartbeat_at=utcnow())
         d.run_once()
     assert d.started == ["busy"] and d.drivers["busy"].exit_code() is None
+
+
+def test_a_heartbeat_stale_after_a_database_outage_is_not_taken_for_a_hang(world, monkeypatch):
+    """helper-40: after an outage every local driver's heartbeat was old at once; the
+    patience counts from what the dispatcher saw, so one that beats again is left alone."""
+    app, submit, dispatcher = world
+    monkeypatch.setattr(dispatcher_module, "LOCAL_PATIENCE_MIN_S", 0.0)
+    submit("outage")
+    d = dispatcher(heartbeat_s=0.1, heartbeat_timeout_s=0.5)  # patience: 1.5 s
+    d.run_once()
+    _set(app, "outage", heartbeat_at=utcnow() - dt.timedelta(minutes=10))
+    d.run_once()
+    time.sleep(1.0)
+    _set(app, "outage", heartbeat_at=utcnow())  # the database is back: it beats
+    d.run_once()
+    time.sleep(0.7)
+    d.run_once()
+    assert d.started == ["outage"] and d.drivers["outage"].exit_code() is None
