@@ -75,6 +75,7 @@ CREATING_GRACE_S = 60.0
 # that one owner's many queued studies never hide another's (helper-39: the 500 oldest of
 # all owners, one member's 505 cheap studies starved everyone else's, cluster idle)
 QUEUED_PER_OWNER = 20
+QUEUED_PER_OWNER_MAX = 200  # of all its sizes of trial
 # a driver of this process silent this long (no heartbeat), or still running a study this
 # long after its stop was asked, is killed and its study taken over (helper-39: a hung
 # driver, SIGSTOP standing in for a deadlock, held its study RUNNING and its slot for good,
@@ -95,18 +96,28 @@ TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.ENOMEM, errno.EMF
 
 
 def queued_candidates(session: Session, *columns: sa.ColumnElement) -> list[sa.Row]:
-    """Each owner's ``QUEUED_PER_OWNER`` oldest QUEUED studies, oldest first: the rows
-    ``quotas.pick_fair`` weighs (``id``, ``owner_id``, ``created_at``, ``spec``, then
-    ``columns``)."""
+    """The rows ``quotas.pick_fair`` weighs (``id``, ``owner_id``, ``created_at``,
+    ``spec``, then ``columns``), oldest first: of each owner, the ``QUEUED_PER_OWNER``
+    oldest QUEUED studies of each size of trial (``resources.gpus`` and ``workers``: a
+    ``max_gpus`` quota refuses study by study, and an owner's oldest GPU studies must not
+    hide its CPU study, helper-40), ``QUEUED_PER_OWNER_MAX`` at most of all sizes."""
     wanted = [StudyRow.id, StudyRow.owner_id, StudyRow.created_at, StudyRow.spec, *columns]
-    rank = sa.func.row_number().over(partition_by=StudyRow.owner_id,
-                                     order_by=(StudyRow.created_at, StudyRow.id))
-    ranked = sa.select(*wanted, rank.label("rank_of_owner")).where(
-        StudyRow.status == Status.QUEUED).subquery()
+    order = (StudyRow.created_at, StudyRow.id)
+    size = [StudyRow.spec[("resources", key)].as_string() for key in ("gpus", "workers")]
+    ranked = sa.select(
+        *wanted,
+        sa.func.row_number().over(partition_by=[StudyRow.owner_id, *size], order_by=order)
+        .label("rank_of_size")).where(StudyRow.status == Status.QUEUED).subquery()
+    of_owner = sa.select(*[ranked.c[c.key] for c in wanted]).where(
+        ranked.c.rank_of_size <= QUEUED_PER_OWNER).subquery()
+    # the cap counts the rows kept, oldest first
+    capped = sa.select(of_owner, sa.func.row_number().over(
+        partition_by=of_owner.c.owner_id, order_by=(of_owner.c.created_at, of_owner.c.id))
+        .label("kept")).subquery()
     return session.execute(
-        sa.select(*[ranked.c[c.key] for c in wanted])
-        .where(ranked.c.rank_of_owner <= QUEUED_PER_OWNER)
-        .order_by(ranked.c.created_at, ranked.c.id)).all()
+        sa.select(*[capped.c[c.key] for c in wanted])
+        .where(capped.c.kept <= QUEUED_PER_OWNER_MAX)
+        .order_by(capped.c.created_at, capped.c.id)).all()
 
 class Dispatcher:
     """Runs queued studies; ``start()`` and ``shutdown()`` follow the app's lifespan.

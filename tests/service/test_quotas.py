@@ -543,3 +543,24 @@ def test_one_owners_many_queued_studies_never_hide_anothers(w):
     d.run_once()
     assert d.started == ["b-late"]
     assert w.row("a-0").waiting_for == "quota max_running_trials: 0 of 0 trials running"
+
+
+def test_an_owners_cpu_study_is_not_hidden_behind_its_gpu_studies_over_its_quota(w):
+    """helper-40: with each owner's 20 oldest weighed, 20 GPU studies over a ``max_gpus``
+    quota hid the owner's CPU study behind them, which could start."""
+    w.quota("alice", max_gpus=1.0)
+    assert w.running("alice", "holds-the-gpu").acquire("t1", GPU)
+    w.submit("alice", "a-0")
+    row, alice = w.row("a-0"), w.owner("alice")
+    gpu_spec = {**row.spec, "resources": {**row.spec.get("resources", {}), "gpus": 1}}
+    with w.sessions.begin() as s:
+        s.execute(sa.update(StudyRow).where(StudyRow.id == row.id).values(spec=gpu_spec))
+        s.add_all([StudyRow(name=f"a-gpu-{i}", owner_id=alice, status=Status.QUEUED,
+                            spec=gpu_spec, n_trials=1,
+                            created_at=row.created_at + dt.timedelta(microseconds=i))
+                   for i in range(1, 30)])
+    w.submit("alice", "a-cpu")  # the newest: behind 30 GPU studies
+    d = w.dispatcher()
+    d.run_once()
+    assert d.started == ["a-cpu"]
+    assert w.row("a-0").waiting_for == "quota max_gpus: 1 of 1 GPUs held, a trial needs 1"
