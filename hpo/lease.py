@@ -251,6 +251,15 @@ class DriverLease:
             except sa.exc.SQLAlchemyError as e:  # a missed beat is retried; staleness is 30 s
                 log.warning("study %s: lease renewal failed: %s", self.name, e)
 
+    def held(self) -> bool:
+        """Whether this driver still holds the study (renewing the lease): one that lost
+        it (a stall past ``STALE_AFTER_S``) must not end what the new holder runs.
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database cannot be reached.
+        """
+        return renew(self.engine, self.name, self.holder)
+
     def __exit__(self, *exc) -> None:
         self._done.set()
         self._thread.join(timeout=HEARTBEAT_S)

@@ -29,7 +29,6 @@ Ray itself. What it guarantees, each point answering a trap of ray's
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -50,7 +49,7 @@ from hpo.spec import StudySpec
 from hpo.storage import set_trial_user_attrs, trial_id_of
 from hpo.study import SPEC_ATTR as SPEC_ATTR  # re-exported: hpo.warmstart reads it here
 from hpo.study import create_study as create_study  # re-exported (tests/hpo/test_record.py)
-from hpo.study import open_stored_study
+from hpo.study import open_stored_study, take_waiting
 from hpo.summary import best_order
 from hpo.trialvalues import final_values, last_values, set_constraints
 
@@ -215,18 +214,9 @@ class StudyRecord:
         process took meanwhile is left to it. Returns how many were ended."""
         ended = 0
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id,
-                                                                            trial.number)
-            if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+            trial_id = take_waiting(self.storage, trial, self.distributions)
+            if trial_id is None:
                 continue  # taken by another process
-            # its queued point as its parameters (REST, the dashboard): Optuna keeps them in
-            # the fixed_params system attribute until the trial is asked, never after
-            for name, value in (trial.system_attrs.get("fixed_params") or {}).items():
-                dist = self.distributions.get(name)  # points lie in the space (the spec's
-                if dist is not None:                   # check; a requeued trial's own)
-                    with contextlib.suppress(ValueError):  # a choice gone: left out
-                        self.storage.set_trial_param(trial_id, name,
-                                                     dist.to_internal_repr(value), dist)
             set_trial_user_attrs(self.storage, trial_id,
                                  {"stopped_by": stopped_by, "budget_updates": 0})
             self.study.tell(trial.number, state=TrialState.PRUNED, skip_if_finished=True)

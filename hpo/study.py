@@ -8,6 +8,7 @@ axes and columns read ``val_accuracy``, not "Objective 0" (issue 16.1).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import warnings
 from typing import Any
@@ -153,12 +154,33 @@ def _runs_as(spec: StudySpec) -> StudySpec:
         "multivariate": s.is_multivariate})})
 
 
+def take_waiting(storage: optuna.storages.BaseStorage, trial: optuna.trial.FrozenTrial,
+                 dists: dict[str, optuna.distributions.BaseDistribution]) -> int | None:
+    """Take the WAITING ``trial`` RUNNING (Optuna ends only running trials), to end it
+    unasked, with its queued point as its parameters (for REST and the dashboard: Optuna
+    keeps them in the ``fixed_params`` system attribute until the trial is asked, never
+    after); a value outside ``dists`` (a choice gone) is left out. Its storage id, or
+    ``None`` when another process took it meanwhile."""
+    trial_id = trial_id_of(trial)
+    if not storage.set_trial_state_values(trial_id, optuna.trial.TrialState.RUNNING):
+        return None
+    for name, value in (trial.system_attrs.get("fixed_params") or {}).items():
+        dist = dists.get(name)
+        if dist is not None:
+            with contextlib.suppress(ValueError):
+                storage.set_trial_param(trial_id, name, dist.to_internal_repr(value), dist)
+    return trial_id
+
+
 def fail_running_trials(storage: optuna.storages.BaseStorage, name: str, reason: str,
-                        devices: float, now: dt.datetime) -> list[int]:
+                        devices: float, now: dt.datetime,
+                        dists: dict[str, optuna.distributions.BaseDistribution] | None = None
+                        ) -> list[int]:
     """End FAIL, with ``fail_reason``, every RUNNING trial of study ``name`` whose driver
     died (``kill -9``, out of memory) while the study ends with it: nothing is left to
     resume or end them; and its WAITING ones (queued points, requeued trials), which no
-    driver will ask for (helper-39), with no time held. Each keeps ``wall_time_s`` and
+    driver will ask for (helper-39), with no time held and their points as parameters
+    within ``dists`` (:func:`take_waiting`). Each keeps ``wall_time_s`` and
     ``device_seconds`` from its start to ``now`` (the study's end; naive local time, as
     Optuna's ``datetime_start``), ``devices`` per second held. The numbers of the trials
     ended; none for a study that is not stored.
@@ -170,8 +192,7 @@ def fail_running_trials(storage: optuna.storages.BaseStorage, name: str, reason:
     ended = []
     waiting, running = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
     for trial in study.get_trials(deepcopy=False, states=(running, waiting)):
-        if trial.state == waiting and not storage.set_trial_state_values(
-                trial_id_of(trial), running):  # Optuna ends running trials only
+        if trial.state == waiting and take_waiting(storage, trial, dists or {}) is None:
             continue  # taken by another process
         wall = max(0.0, (now - trial.datetime_start).total_seconds()) \
             if trial.datetime_start is not None and trial.state == running else 0.0

@@ -54,6 +54,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpo.errors import StorageError
 from hpo.lease import holder_gone, take, while_held
+from hpo.space import distributions
 from hpo.spec import load_stored
 from hpo.stopping import STOP_REASON_ATTR
 from hpo.study import fail_running_trials
@@ -495,7 +496,8 @@ class Dispatcher:
         try:
             spec = load_stored(row.spec)
             fail_running_trials(storage, row.name, reason, devices_held(spec.resources),
-                                row.ended_at.astimezone().replace(tzinfo=None))  # as Optuna's
+                                row.ended_at.astimezone().replace(tzinfo=None),  # as Optuna's
+                                distributions(spec))
             fired = storage.get_study_user_attrs(storage.get_study_id_from_name(row.name)
                                                  ).get(STOP_REASON_ATTR)
             replace_failed_summary(self.sessions, row.name, compute_summary(storage, row),

@@ -248,7 +248,7 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
     stopper = StopWhen(should_stop or (lambda: False), should_interrupt or (lambda: False))
     stop_rule = study_stop_rule(spec, record.study)
     board = StudyBoard(record.study, record.spec, owner)
-    with DriverLease(storage, spec.name):
+    with DriverLease(storage, spec.name) as lease:
         board.started()
         try:
             enqueue_warm_start(record, look_up=compare_spec)  # the service's: stored
@@ -267,13 +267,14 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             fired = stop_rule is not None and stop_rule.reason is not None
             end = "stop_when" if fired else "user" if stopper.stopped else \
                 "timeout" if ended_by == "timeout" else "budget"
-            if not stopper.interrupted and (final or end != "timeout"):
+            if not stopper.interrupted and (final or end != "timeout") and lease.held():
                 record.end_waiting(end)  # the study is over: no queued point is asked now
         except Exception as e:
             board.ended(NoteEnd("FAILED", error=public_message(f"{type(e).__name__}: {e}")))
             if final and not stopper.interrupted:
                 with contextlib.suppress(Exception):  # the storage may be what failed
-                    record.end_waiting("study_failed")
+                    if lease.held():
+                        record.end_waiting("study_failed")
             raise
     result = outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted,
                      stop_reason=stop_rule.reason if stop_rule is not None else None)

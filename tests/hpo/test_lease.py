@@ -77,3 +77,15 @@ def test_a_study_that_cannot_run_is_not_stored(changes, loc, sqlite_url, tmp_pat
         run_study(spec, sqlite_url, results_dir=tmp_path)
     assert info.value.errors[0]["loc"] == loc
     assert not open_storage(sqlite_url).get_all_studies()
+
+
+def test_a_driver_that_lost_its_lease_knows_it(sqlite_url):
+    """helper-40: a driver that lost its lease (a stall) must not end the WAITING trials
+    of the driver that took the study over."""
+    storage = open_storage(sqlite_url)
+    with DriverLease(storage, "held") as lease:
+        assert lease.held()
+        with storage.engine.begin() as conn:  # another driver took it over
+            conn.execute(LEASES.update().where(LEASES.c.name == "held")
+                         .values(holder="someone-else"))
+        assert not lease.held()

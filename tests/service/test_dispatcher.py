@@ -212,6 +212,7 @@ def test_the_trials_a_dead_driver_left_running_end_failed_with_its_reason_and_us
     for t in trials[1:3]:
         assert t.user_attrs["device_seconds"] == t.user_attrs["wall_time_s"] >= 0.2
     assert trials[3].user_attrs["device_seconds"] == trials[3].user_attrs["wall_time_s"] == 0
+    assert trials[3].params == {"lr": 0.01}  # its point, as its parameters (helper-40)
     assert trials[1].intermediate_values == {1: 0.4}  # its curve kept
     answer = TestClient(app).get("/v1/studies/orphaned", headers=bearer(
         create_token(c.sessions, "reader", admin=True))).json()
