@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from ray import tune
 
 import trainers
@@ -267,19 +268,29 @@ def run_study(spec: StudySpec, storage_url: str, *, ray_address: str | None = No
             fired = stop_rule is not None and stop_rule.reason is not None
             end = "stop_when" if fired else "user" if stopper.stopped else \
                 "timeout" if ended_by == "timeout" else "budget"
-            if not stopper.interrupted and (final or end != "timeout") and lease.held():
+            if not stopper.interrupted and (final or end != "timeout") and _holds(lease):
                 record.end_waiting(end)  # the study is over: no queued point is asked now
         except Exception as e:
             board.ended(NoteEnd("FAILED", error=public_message(f"{type(e).__name__}: {e}")))
             if final and not stopper.interrupted:
                 with contextlib.suppress(Exception):  # the storage may be what failed
-                    if lease.held():
+                    if _holds(lease):
                         record.end_waiting("study_failed")
             raise
     result = outcome(record, stopped=stopper.stopped, interrupted=stopper.interrupted,
                      stop_reason=stop_rule.reason if stop_rule is not None else None)
     board.ended(note_end(result))
     return result
+
+
+def _holds(lease: DriverLease) -> bool:
+    """Whether this driver still holds its study; a database that does not answer then
+    counts as no (the WAITING trials are left for the next driver, not the study
+    failed for a moment's outage at its end)."""
+    try:
+        return lease.held()
+    except sqlalchemy.exc.SQLAlchemyError:
+        return False
 
 
 def _run_tuner(spec: StudySpec, record: StudyRecord, plan: Plan, results_dir: Path,

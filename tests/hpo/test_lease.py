@@ -89,3 +89,13 @@ def test_a_driver_that_lost_its_lease_knows_it(sqlite_url):
             conn.execute(LEASES.update().where(LEASES.c.name == "held")
                          .values(holder="someone-else"))
         assert not lease.held()
+
+
+def test_a_database_that_does_not_answer_at_the_end_counts_as_not_holding():
+    from hpo.tune.driver import _holds
+
+    class Unreachable:
+        def held(self):
+            raise sa.exc.OperationalError("SELECT 1", {}, Exception("gone"))
+
+    assert _holds(Unreachable()) is False
