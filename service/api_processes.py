@@ -54,22 +54,14 @@ def new_metrics_dir() -> Path:
     after this process (``hpo-api-<pid>-XXXXXXXX`` in the temporary folder), after removing
     those whose process is gone: ``hpo serve`` removes its own on the way out, but a
     ``kill -9`` left one behind at each crash (helper-39)."""
+    from trainers.process import process_alive  # the project's one pid check
+
     tmp = Path(tempfile.gettempdir())
     for old in tmp.glob(f"{METRICS_DIR_PREFIX}*-*"):
         pid = old.name[len(METRICS_DIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-", dir=tmp))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def use_shared_metrics(directory: Path) -> None:

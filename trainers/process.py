@@ -1,5 +1,6 @@
 """Whether a process still runs: the one pid check of the project (``hpo.lease``, the
-service's dispatcher and the checkpoint writer's leftovers all ask it)."""
+service's dispatcher, its stale metrics folders and the checkpoint writer's leftovers all
+ask it)."""
 
 from __future__ import annotations
 
