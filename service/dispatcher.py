@@ -36,13 +36,11 @@ module says why one thread, this one's, must start and stop them all.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import errno
 import logging
 import os
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -61,7 +59,7 @@ from hpo.study import fail_running_trials
 from hpo.summary import StudySummary, devices_held
 from service import quotas
 from service.db import Status, StudyRow, SummaryRow, TrialSlotRow, utcnow
-from service.driver_process import CLAIMS, DriverPool, DriverProcess
+from service.driver_process import CLAIMS, DriverPool, DriverProcess, HangWatch
 from service.process import describe_exit
 from service.settings import Settings
 from service.studies import StudyService
@@ -146,9 +144,7 @@ class Dispatcher:
         # for a study that had run before (requeued or taken over), and of those, takeovers
         self.last_round_at: float | None = None
         self._waiting_since: dict[str, float] = {}  # studies driven here waiting for a quota
-        self._stop_seen: dict[str, float] = {}  # studies driven here since when asked to stop
-        self._beats: dict[str, tuple] = {}  # studies driven here: (heartbeat, seen since)
-        self._dying: list[DriverProcess] = []  # drivers killed as hung, not yet exited
+        self.hang_watch = HangWatch()  # the drivers started here that may have hung
         self.restarts = 0
         self.takeovers = 0
         self._creates_swept_at = time.monotonic()  # start-up's recovery sweeps them first
@@ -296,43 +292,26 @@ class Dispatcher:
         return name
 
     def kill_hung_drivers(self) -> list[str]:
-        """Kill the drivers of this process whose heartbeat this dispatcher has seen
-        unchanged, or whose study it has seen asked to stop and still running, for
-        ``LOCAL_PATIENCE_MIN_S`` or 3 x ``heartbeat_timeout_s``, whichever is longer:
-        :meth:`abandoned` then hands their studies to new drivers, which resume the trials
-        (or end them, when stopped). Counted on this dispatcher's clock, from what its
-        rounds saw: after a database outage no driver could beat, and none is taken for
-        hung before it had the patience to beat again (helper-40). The names of the
-        studies whose driver was killed."""
+        """Kill the drivers of this process that ``HangWatch`` finds silent or deaf to
+        their study's stop for ``LOCAL_PATIENCE_MIN_S`` or 3 x ``heartbeat_timeout_s``,
+        whichever is longer: :meth:`abandoned` then hands their studies to new drivers,
+        which resume the trials (or end them, when stopped). The names of the studies
+        whose driver was killed."""
         if not self.drivers:
-            self._beats, self._stop_seen = {}, {}
+            self.hang_watch.hung([], 0.0)  # forgets every study
             return []
         patience = max(LOCAL_PATIENCE_MIN_S, 3 * self.settings.heartbeat_timeout_s)
         with self.sessions() as session:
             rows = session.execute(sa.select(
                 StudyRow.name, StudyRow.heartbeat_at, StudyRow.stop_requested).where(
                 StudyRow.name.in_(list(self.drivers)), StudyRow.status == Status.RUNNING)).all()
-        now = time.monotonic()
-        self._beats = {name: self._beats[name] if name in self._beats
-                       and self._beats[name][0] == beat else (beat, now)
-                       for name, beat, _ in rows}
-        self._stop_seen = {name: self._stop_seen.get(name, now)
-                           for name, _, stop in rows if stop}
-        killed = []
-        for name, _, _ in rows:
-            silent = now - self._beats[name][1] >= patience
-            if not silent and now - self._stop_seen.get(name, now) < patience:
-                continue
+        killed = self.hang_watch.hung(rows, patience)
+        for name, why in killed.items():
             driver = self.drivers.pop(name)
             log.error("study %s: its driver (pid %d) %s for %.0f s: killed, the study is "
-                      "taken over", name, driver.pid,
-                      "sent no heartbeat" if silent else "ignored the study's stop", patience)
-            driver.proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel (a
-                driver.proc.wait(5)  # hung NFS read): it dies when that returns
-            self._dying.append(driver)  # reaped when it exits; no zombie
-            killed.append(name)
-        return killed
+                      "taken over", name, driver.pid, why, patience)
+            self.hang_watch.kill(driver)
+        return list(killed)
 
     def abandoned(self) -> list[tuple[str, str | None]]:
         """RUNNING studies not driven from here whose driver is gone: ``(name, claim)``
@@ -458,9 +437,7 @@ class Dispatcher:
         out) puts its study back in the queue, as an interrupted one does, keeping its stop
         request, and the next start resumes its trials (or stops them, if asked)."""
         shutting_down = self._stop.is_set()
-        for driver in [d for d in self._dying if d.exit_code() is not None]:
-            self._dying.remove(driver)
-            driver.close()
+        self.hang_watch.reap()
         for name, driver in list(self.drivers.items()):
             if driver.exit_code() is None:
                 continue

@@ -38,6 +38,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -261,3 +262,53 @@ def _redirect_output(path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+class HangWatch:
+    """Which drivers started here have hung (helper-39: SIGSTOP standing in for a deadlock,
+    a driver held its study RUNNING and its slot for good, its stop ignored), judged on the
+    dispatcher's own clock from what its rounds saw: a driver's heartbeat unchanged, or its
+    study asked to stop and still running, for ``patience`` seconds. After a database
+    outage no driver could beat: none is taken for hung before it had the patience to beat
+    again (helper-40). Killed drivers are kept until they exit (:meth:`reap`).
+    """
+
+    def __init__(self) -> None:
+        self._beats: dict[str, tuple] = {}  # study: (heartbeat, seen since)
+        self._stop_seen: dict[str, float] = {}  # study: since when seen asked to stop
+        self._dying: list[DriverProcess] = []  # killed, not yet exited
+
+    def hung(self, rows, patience: float) -> dict[str, str]:
+        """The studies of ``rows`` (``(name, heartbeat_at, stop_requested)`` of the RUNNING
+        studies driven here; the studies not in them are forgotten) whose driver hung,
+        with why: ``{name: "sent no heartbeat" | "ignored the study's stop"}``."""
+        now = time.monotonic()
+        self._beats = {name: self._beats[name] if name in self._beats
+                       and self._beats[name][0] == beat else (beat, now)
+                       for name, beat, _ in rows}
+        self._stop_seen = {name: self._stop_seen.get(name, now)
+                           for name, _, stop in rows if stop}
+        out = {}
+        for name, _, _ in rows:
+            if now - self._beats[name][1] >= patience:
+                out[name] = "sent no heartbeat"
+            elif now - self._stop_seen.get(name, now) >= patience:
+                out[name] = "ignored the study's stop"
+        for name in out:
+            del self._beats[name]
+            self._stop_seen.pop(name, None)
+        return out
+
+    def kill(self, driver: DriverProcess) -> None:
+        """SIGKILL ``driver``; one stuck in the kernel (a hung NFS read) dies when that
+        returns, and does not block the caller past 5 s."""
+        driver.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            driver.proc.wait(5)
+        self._dying.append(driver)
+
+    def reap(self) -> None:
+        """Close the killed drivers that exited (no zombie)."""
+        for driver in [d for d in self._dying if d.exit_code() is not None]:
+            self._dying.remove(driver)
+            driver.close()
