@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from hpo.errors import StorageError
 from hpo.lease import holder_gone, take, while_held
@@ -70,11 +70,6 @@ log = logging.getLogger(__name__)
 LOG_NAME = "service-driver.log"
 SHUTDOWN_GRACE_S = 30.0
 CREATING_GRACE_S = 60.0
-# the oldest QUEUED studies of each owner weighed by fair share in one round: per owner, so
-# that one owner's many queued studies never hide another's (helper-39: the 500 oldest of
-# all owners, one member's 505 cheap studies starved everyone else's, cluster idle)
-QUEUED_PER_OWNER = 20
-QUEUED_PER_OWNER_MAX = 200  # of all its sizes of trial
 # a driver of this process silent this long (no heartbeat), or still running a study this
 # long after its stop was asked, is killed and its study taken over (helper-39: a hung
 # driver, SIGSTOP standing in for a deadlock, held its study RUNNING and its slot for good,
@@ -92,31 +87,6 @@ STALE_CREATES_EVERY_S = 30.0  # how often a running dispatcher undoes creates a 
 TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.ENOMEM, errno.EMFILE,
                               errno.ENFILE, errno.ENOBUFS})
 
-
-
-def queued_candidates(session: Session, *columns: sa.ColumnElement) -> list[sa.Row]:
-    """The rows ``quotas.pick_fair`` weighs (``id``, ``owner_id``, ``created_at``,
-    ``spec``, then ``columns``), oldest first: of each owner, the ``QUEUED_PER_OWNER``
-    oldest QUEUED studies of each size of trial (``resources.gpus`` and ``workers``: a
-    ``max_gpus`` quota refuses study by study, and an owner's oldest GPU studies must not
-    hide its CPU study, helper-40), ``QUEUED_PER_OWNER_MAX`` at most of all sizes."""
-    wanted = [StudyRow.id, StudyRow.owner_id, StudyRow.created_at, StudyRow.spec, *columns]
-    order = (StudyRow.created_at, StudyRow.id)
-    size = [StudyRow.spec[("resources", key)].as_string() for key in ("gpus", "workers")]
-    ranked = sa.select(
-        *wanted,
-        sa.func.row_number().over(partition_by=[StudyRow.owner_id, *size], order_by=order)
-        .label("rank_of_size")).where(StudyRow.status == Status.QUEUED).subquery()
-    of_owner = sa.select(*[ranked.c[c.key] for c in wanted]).where(
-        ranked.c.rank_of_size <= QUEUED_PER_OWNER).subquery()
-    # the cap counts the rows kept, oldest first
-    capped = sa.select(of_owner, sa.func.row_number().over(
-        partition_by=of_owner.c.owner_id, order_by=(of_owner.c.created_at, of_owner.c.id))
-        .label("kept")).subquery()
-    return session.execute(
-        sa.select(*[capped.c[c.key] for c in wanted])
-        .where(capped.c.kept <= QUEUED_PER_OWNER_MAX)
-        .order_by(capped.c.created_at, capped.c.id)).all()
 
 class Dispatcher:
     """Runs queued studies; ``start()`` and ``shutdown()`` follow the app's lifespan.
@@ -244,8 +214,8 @@ class Dispatcher:
         driver; False if none was queued or none may start now. Sets ``waiting_for`` on
         the queued studies whose owner is over a quota (and clears it when no longer)."""
         with self.sessions() as session:
-            rows = queued_candidates(session, StudyRow.name, StudyRow.claimed_by,
-                                     StudyRow.waiting_for)
+            rows = quotas.queued_candidates(session, StudyRow.name, StudyRow.claimed_by,
+                                            StudyRow.waiting_for)
             row, reasons = quotas.pick_fair(session, rows)
             session.rollback()
         changed = [(r.id, reasons[r.id]) for r in rows if reasons[r.id] != r.waiting_for]
@@ -276,7 +246,7 @@ class Dispatcher:
         if not ripe:
             return None
         with self.sessions() as session:
-            pick, _ = quotas.pick_fair(session, queued_candidates(session))
+            pick, _ = quotas.pick_fair(session, quotas.queued_candidates(session))
         if pick is None:
             return None
         name = ripe[0][1]

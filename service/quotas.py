@@ -42,6 +42,12 @@ from hpo.gate import TrialResources
 from hpo.spec import load_stored
 from service.db import QuotaRow, Status, StudyRow, TrialSlotRow, UsageEventRow, utcnow
 
+# the oldest QUEUED studies of each owner weighed by fair share in one round: per owner, so
+# that one owner's many queued studies never hide another's (helper-39: the 500 oldest of
+# all owners, one member's 505 cheap studies starved everyone else's, cluster idle)
+QUEUED_PER_OWNER = 20
+QUEUED_PER_OWNER_MAX = 200  # of all its sizes of trial
+
 log = logging.getLogger(__name__)
 
 WINDOW = dt.timedelta(hours=24)
@@ -295,6 +301,31 @@ def _gpus_of(spec: dict) -> float:
         return TrialResources.of(load_stored(spec).resources).gpus
     except Exception:  # noqa: BLE001 - a spec that no longer loads fails in its driver
         return 0.0
+
+
+def queued_candidates(session: Session, *columns: sa.ColumnElement) -> list[sa.Row]:
+    """The rows ``quotas.pick_fair`` weighs (``id``, ``owner_id``, ``created_at``,
+    ``spec``, then ``columns``), oldest first: of each owner, the ``QUEUED_PER_OWNER``
+    oldest QUEUED studies of each size of trial (``resources.gpus`` and ``workers``: a
+    ``max_gpus`` quota refuses study by study, and an owner's oldest GPU studies must not
+    hide its CPU study, helper-40), ``QUEUED_PER_OWNER_MAX`` at most of all sizes."""
+    wanted = [StudyRow.id, StudyRow.owner_id, StudyRow.created_at, StudyRow.spec, *columns]
+    order = (StudyRow.created_at, StudyRow.id)
+    size = [StudyRow.spec[("resources", key)].as_string() for key in ("gpus", "workers")]
+    ranked = sa.select(
+        *wanted,
+        sa.func.row_number().over(partition_by=[StudyRow.owner_id, *size], order_by=order)
+        .label("rank_of_size")).where(StudyRow.status == Status.QUEUED).subquery()
+    of_owner = sa.select(*[ranked.c[c.key] for c in wanted]).where(
+        ranked.c.rank_of_size <= QUEUED_PER_OWNER).subquery()
+    # the cap counts the rows kept, oldest first
+    capped = sa.select(of_owner, sa.func.row_number().over(
+        partition_by=of_owner.c.owner_id, order_by=(of_owner.c.created_at, of_owner.c.id))
+        .label("kept")).subquery()
+    return session.execute(
+        sa.select(*[capped.c[c.key] for c in wanted])
+        .where(capped.c.kept <= QUEUED_PER_OWNER_MAX)
+        .order_by(capped.c.created_at, capped.c.id)).all()
 
 
 def pick_fair(session: Session, candidates: Sequence[Any],
