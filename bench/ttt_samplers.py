@@ -26,10 +26,12 @@ by default; the product's is the independent TPE with a constant liar
 Rows of ``bench/README.md`` before 2026-12-07's eleventh session ran the multivariate
 TPE as the product's.
 
-``--spec`` takes another spec's search space and config (``bench/ttt-wide.yaml``: a wide
-space of 11 parameters). ``--metric val_loss`` makes the search minimize the validation
-loss and the target a loss at or below ``--target`` (default: ``val_accuracy``,
-maximized, at or above 0.9895).
+``--spec`` takes another spec's task, search space and config (``bench/ttt-wide.yaml``: a
+wide space of 11 parameters; ``bench/ttt-recipe.yaml`` and ``bench/ttt-charlm.yaml``: a
+fixed model of ``digits`` or ``charlm``, the search over its training recipe).
+``--metric val_loss`` (or ``val_bpc``) makes the search minimize that metric and the
+target a value at or below ``--target`` (default: ``val_accuracy``, maximized, at or
+above 0.9895).
 
 Prints each seed's trial (start rank) and epochs to the target, then the medians and the
 runs that never reached it (counted as infinite). Only the search differs from the
@@ -59,9 +61,8 @@ import trainers  # noqa: E402
 from hpo.space import distributions  # noqa: E402
 from hpo.spec import load_spec, parse_spec  # noqa: E402
 
-TASK = "trainers.tasks.digits:DigitsTask"
 RUNGS = (4, 1)  # epochs, highest first, as Ray's bracket checks them
-MINIMIZED = ("val_loss",)
+MINIMIZED = ("val_loss", "val_bpc")
 
 
 # One trial trains at a time, and each keeps its own global random state across its
@@ -101,15 +102,15 @@ class HandOver:
 class RunningTrial:
     """One trial training in a thread of its own, one evaluation at a time."""
 
-    def __init__(self, trial: optuna.Trial, rank: int, fixed: dict, metric: str = "val_accuracy",
-                 sign: float = 1.0) -> None:
+    def __init__(self, trial: optuna.Trial, rank: int, task_name: str, fixed: dict,
+                 metric: str = "val_accuracy", sign: float = 1.0) -> None:
         self.trial, self.rank, self.epoch = trial, rank, 0
         self.hand_over = HandOver(metric, sign)
 
         def train() -> None:
             with BATON:
                 try:
-                    task, config = trainers.create(trainers.load_task(TASK),
+                    task, config = trainers.create(task_name,
                                                    {**fixed, **trial.params})
                     trainers.fit(task, config, self.hand_over)
                 finally:
@@ -155,7 +156,11 @@ def asha_stops(rungs: dict[int, dict[int, float]], rank: int, epoch: int,
 def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
     """(trial, epochs) to the first evaluation at the target; (inf, inf) if never."""
     data = load_spec(args.spec).to_dict()
-    fixed = {**data["config"], "max_epochs": args.epochs, "val_fraction": args.val_fraction}
+    fixed = {**data["config"], "max_epochs": args.epochs}
+    if args.val_fraction is not None:
+        fixed["val_fraction"] = args.val_fraction
+    elif args.spec == ttt.EXAMPLE:  # the example trains on digits' default split
+        fixed["val_fraction"] = ttt.VAL_FRACTION
     dists = distributions(parse_spec({**data, "config": fixed}))
     study = optuna.create_study(direction="maximize", sampler=sampler(variant, seed))
     rungs: dict[int, dict[int, float]] = {m: {} for m in RUNGS}
@@ -167,7 +172,8 @@ def simulate(variant: str, tell: str, seed: int, args) -> tuple[float, float]:
     def start() -> None:
         nonlocal started
         started += 1
-        running.append(RunningTrial(study.ask(dists), started, fixed, args.metric, sign))
+        running.append(RunningTrial(study.ask(dists), started, data["task"], fixed, args.metric,
+                                    sign))
 
     while len(running) < 2 and started < args.trials:
         start()
@@ -212,7 +218,9 @@ def main() -> None:
     parser.add_argument("--spec", type=Path, default=ttt.EXAMPLE,
                         help="the spec whose search space and config the trials take "
                              "(default: time_to_target.py's)")
-    parser.add_argument("--val-fraction", type=float, default=ttt.VAL_FRACTION)
+    parser.add_argument("--val-fraction", type=float, default=None,
+                        help=f"the task's val_fraction (default: the spec's; "
+                             f"{ttt.VAL_FRACTION} for time_to_target.py's)")
     args = parser.parse_args()
     if args.target is None and args.metric != "val_accuracy":
         parser.error(f"--metric {args.metric} needs its --target")
