@@ -77,7 +77,11 @@ class Progress(_Out):
     fraction: float = Field(description="finished / n_trials, in [0, 1]")
 
 
-HIDDEN_TRIAL_ATTRS = {"checkpoint"}  # a server path, for the driver that resumes the trial
+# Recorded for the service's own use, left out of every answer but an admin's dashboard:
+# "checkpoint", a server path, for the driver that resumes the trial; "node_ip", the
+# internal address of the Ray node the trial ran on (Tune's result field). "node_id", an
+# opaque Ray id, stays: it tells which trials shared a node, an admin maps it to a machine.
+HIDDEN_TRIAL_ATTRS = {"checkpoint", "node_ip"}
 
 
 def public_attrs(attrs: dict[str, Any]) -> dict[str, Any]:

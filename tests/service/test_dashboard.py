@@ -436,6 +436,7 @@ def test_static_files_answer_without_an_accept_encoding_header(client, method, p
 
 
 CHECKPOINT = "/srv/hpo-runs/checkpointed/trial_0/checkpoint_000014"  # a server path
+NODE_IP = "10.20.30.41"  # a Ray node's internal address
 
 
 @pytest.fixture
@@ -447,7 +448,8 @@ def checkpointed(client, tokens, app) -> int:
     study.add_trial(optuna.trial.create_trial(
         params={"lr": 0.01}, distributions={"lr": optuna.distributions.FloatDistribution(
             1e-3, 0.1, log=True)},
-        value=0.5, user_attrs={"checkpoint": CHECKPOINT, "n_steps": 14}))
+        value=0.5, user_attrs={"checkpoint": CHECKPOINT, "n_steps": 14, "node_ip": NODE_IP,
+                               "node_id": "9f3c"}))
     return study._study_id
 
 
@@ -465,13 +467,14 @@ def test_the_dashboard_hides_the_checkpoint_path_from_non_admin_tokens(client, t
     alice = bearer(tokens["alice"])
     url = ORIGIN + path.format(checkpointed)
     r = client.get(url, headers=alice)
-    assert r.status_code == 200 and CHECKPOINT not in r.text
-    assert _study_attrs(r) == (["n_steps"], ["n_steps"], ["n_steps"])
+    assert r.status_code == 200 and CHECKPOINT not in r.text and NODE_IP not in r.text
+    assert _study_attrs(r) == (["n_steps", "node_id"],) * 3
     head = client.head(url, headers=alice)
     assert (head.status_code, head.content) == (200, b"")
     assert int(head.headers["content-length"]) == len(r.content)
     admin = client.get(url, headers=bearer(tokens["admin"]))  # admins see what the driver wrote
-    assert _study_attrs(admin) == (["checkpoint", "n_steps"],) * 3 and CHECKPOINT in admin.text
+    assert _study_attrs(admin) == (["checkpoint", "n_steps", "node_id", "node_ip"],) * 3
+    assert CHECKPOINT in admin.text and NODE_IP in admin.text
 
 
 def test_the_dashboard_csv_has_no_checkpoint_column_for_non_admin_tokens(client, tokens,
@@ -479,18 +482,32 @@ def test_the_dashboard_csv_has_no_checkpoint_column_for_non_admin_tokens(client,
     r = client.get(f"/csv/{checkpointed}", headers=bearer(tokens["alice"]))
     assert r.status_code == 200
     # the value's column is named by the study's metric (set at create since issue 16.1)
-    assert r.text == ("Number,State,val_accuracy,Param lr,UserAttribute n_steps\r\n"
-                      "0,COMPLETE,0.5,0.01,14\r\n")
+    assert r.text == ("Number,State,val_accuracy,Param lr,UserAttribute n_steps,"
+                      "UserAttribute node_id\r\n"
+                      "0,COMPLETE,0.5,0.01,14,9f3c\r\n")
     admin = client.get(f"/csv/{checkpointed}", headers=bearer(tokens["admin"]))
     assert admin.text.splitlines()[0] == ("Number,State,val_accuracy,Param lr,"
-                                          "UserAttribute checkpoint,UserAttribute n_steps")
+                                          "UserAttribute checkpoint,UserAttribute n_steps,"
+                                          "UserAttribute node_id,UserAttribute node_ip")
+
+
+@pytest.mark.parametrize("who", ["alice", "admin"])
+def test_v1_trials_leave_out_the_checkpoint_path_and_the_node_address(client, tokens,
+                                                                       checkpointed, who):
+    h = bearer(tokens[who])
+    for url in ["/v1/studies/checkpointed/trials/0", "/v1/studies/checkpointed/trials"]:
+        r = client.get(url, headers=h)
+        assert r.status_code == 200 and CHECKPOINT not in r.text and NODE_IP not in r.text
+        trial = r.json() if url.endswith("/0") else r.json()["items"][0]
+        assert trial["user_attrs"] == {"n_steps": 14, "node_id": "9f3c"}
 
 
 def test_open_reads_hide_the_checkpoint_path_too(settings, tokens, checkpointed):
     with TestClient(create_app(settings.replace(open_reads=True))) as c:
         r = c.get(f"/api/studies/{checkpointed}")
-        assert r.status_code == 200 and CHECKPOINT not in r.text
-        assert CHECKPOINT not in c.get(f"/csv/{checkpointed}").text
+        assert r.status_code == 200 and CHECKPOINT not in r.text and NODE_IP not in r.text
+        table = c.get(f"/csv/{checkpointed}").text
+        assert CHECKPOINT not in table and NODE_IP not in table
 
 
 def test_the_dashboard_shows_a_failed_trials_reason_as_v1_does(client, tokens, checkpointed,
