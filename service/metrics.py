@@ -9,6 +9,10 @@ HTTP, measured by :class:`HttpMetrics` (ASGI middleware) in this process:
 Read from the database at each scrape (:class:`StoreCollector`; one query per table):
 
 * ``hpo_studies{status}``: studies by status; ``hpo_queue_depth``: QUEUED studies;
+* ``hpo_driver_heartbeat_age_seconds``: seconds since the oldest last heartbeat of a
+  RUNNING study's driver (0 when none runs), on this process's clock against the
+  drivers' own: a driver is taken over after ``HPO_HEARTBEAT_TIMEOUT_S`` of silence, and a
+  local driver silent (or deaf to a stop) for 3 x that (60 s at least) is killed;
 * ``hpo_trials{state}``: the stored studies' trials by state (``complete``, ``pruned``,
   ``failed``, ``running``, ``waiting``; a gauge: deleting a study removes its trials);
 * ``hpo_device_seconds_total{owner}``: device-seconds of finished trials by owner (token
@@ -55,7 +59,7 @@ from sqlalchemy.orm import sessionmaker
 from hpo.summary import StudySummary
 from service import quotas
 from service.api_processes import shared_metrics_dir
-from service.db import VISIBLE, Status, StudyRow, SummaryRow, TokenRow, UsageRow
+from service.db import VISIBLE, Status, StudyRow, SummaryRow, TokenRow, UsageRow, utcnow
 
 disable_created_metrics()  # no *_created series: they double every counter's series count
 # a client may send any method name: others are one label, so labels stay bounded
@@ -116,6 +120,8 @@ class StoreCollector:
             retired = session.execute(sa.select(TokenRow.name, UsageRow.device_seconds)
                                       .join(TokenRow, TokenRow.id == UsageRow.owner_id)).all()
             owners = quotas.owners_report(session)
+            oldest_beat = session.execute(sa.select(sa.func.min(StudyRow.heartbeat_at)).where(
+                StudyRow.status == Status.RUNNING)).scalar_one()
             waiting = session.execute(sa.select(sa.func.count()).select_from(StudyRow).where(
                 StudyRow.waiting_for.is_not(None),
                 StudyRow.status.in_([Status.QUEUED, Status.RUNNING]))).scalar_one()
@@ -125,6 +131,11 @@ class StoreCollector:
         yield studies
         yield GaugeMetricFamily("hpo_queue_depth", "QUEUED studies",
                                 value=by_status.get(Status.QUEUED, 0))
+        yield GaugeMetricFamily(
+            "hpo_driver_heartbeat_age_seconds", "seconds since the oldest last heartbeat "
+            "of a RUNNING study's driver (0 when none runs)",
+            value=0.0 if oldest_beat is None
+            else max(0.0, (utcnow() - oldest_beat).total_seconds()))
         trials = dict.fromkeys(TRIAL_STATES, 0)
         used: dict[str, float] = defaultdict(float)
         for owner, text in summaries:

@@ -4,6 +4,7 @@ by parsing the output with prometheus-client's own parser."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 
 import pytest
 import sqlalchemy as sa
@@ -230,3 +231,25 @@ def test_an_app_that_raises_before_answering_counts_one_500():
                                                ("status", "500")))] == 1.0
     assert values[("hpo_http_request_duration_seconds_count",
                    (("method", "GET"), ("route", "unmatched")))] == 1.0
+
+
+@BACKENDS
+def test_the_driver_heartbeat_age_is_the_oldest_running_studys(client, tokens, settings):
+    admin, alice = bearer(tokens["admin"]), bearer(tokens["alice"])
+
+    def age() -> float:
+        return samples(client.get("/metrics", headers=admin).text)[
+            ("hpo_driver_heartbeat_age_seconds", ())]
+
+    assert age() == 0  # no study runs
+    now = dt.datetime.now(dt.UTC)
+    for name, silent_s, status in (("fresh", 2, "RUNNING"), ("silent", 95, "RUNNING"),
+                                   ("ended", 4000, "COMPLETED"), ("queued", None, "QUEUED")):
+        assert client.post("/v1/studies", json=tiny_spec(name), headers=alice).status_code == 201
+        with client.app.state.components.sessions.begin() as session:
+            session.execute(sa.update(StudyRow).where(StudyRow.name == name).values(
+                status=status, heartbeat_at=None if silent_s is None
+                else now - dt.timedelta(seconds=silent_s)))
+    assert 95 <= age() < 95 + 30  # the silent driver's, not the ended study's
+    _set_status(client, "silent", "STOPPED")
+    assert 2 <= age() < 2 + 30
