@@ -67,7 +67,7 @@ import random
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -405,42 +405,79 @@ def _prune(root: Path, keep_last: int) -> None:
                 child.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: Path, fall_back: bool = True) -> dict[str, Any]:
+def load_checkpoint(path: Path, fall_back: bool = True,
+                    agree: Callable[[int], list[int]] | None = None) -> dict[str, Any]:
     """Read the state of a checkpoint directory, or of the newest one under a root that
     loads: with ``fall_back``, one whose ``state.pt`` a power loss tore (written without
     ``checkpoint_fsync``: it does not unpickle) is skipped with a warning naming it, for
     the one before it; the resumed run's next checkpoint then retires the skipped one
     (:func:`publish`). An ``OSError`` or ``MemoryError`` reading it is no tear and is
-    raised. Ranks of one run must agree on the checkpoint: ``fit`` falls back in a run of
-    one process only (helper-40: two DDP ranks resumed from different steps).
+    raised.
+
+    ``agree`` makes the ranks of one run load the same checkpoint (helper-40: two DDP
+    ranks that fell back on their own resumed from different steps): a collective that
+    gathers an int of every rank (``fit`` passes
+    :func:`trainers.distributed.gather_objects`). Each rank offers the step of the newest
+    checkpoint it can load; while they differ, every rank looks for the newest at or
+    before the oldest offered. A rank's error raises on every rank, each naming it, so
+    that none waits on the others.
 
     Raises:
         CheckpointError: nothing loadable at ``path`` (a directory: its state; a root:
             its newest, or any of its checkpoints with ``fall_back``), or the newest is
-            sharded (FSDP).
+            sharded (FSDP); with ``agree``, also where another rank could not load one.
     """
     path = Path(path)
     if (path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file():
-        return _load_state(path)
-    found = [checkpoint for _, checkpoint in reversed(list_checkpoints(path))]
-    if not found:
-        raise CheckpointError(f"no checkpoint at {path} (expected {STATE_FILE} or "
-                              f"checkpoint-NNNNNNNN/ directories)")
-    first_error = None
-    for checkpoint in found:  # the newest that loads
-        try:
-            state = _load_state(checkpoint)
-        except CheckpointError as e:
-            if not fall_back or (checkpoint / SHARDED_STATE_FILE).is_file() or isinstance(
-                    e.__cause__, OSError | MemoryError):
-                raise
-            first_error = first_error or e
-            _log.warning("skipping checkpoint %s: %s", checkpoint.name, e)
-            continue
-        if first_error is not None:
-            _log.warning("resuming from %s, the newest checkpoint that loads", checkpoint.name)
-        return state
-    raise CheckpointError(f"{first_error}; no older checkpoint under {path} loads either")
+        found = [(0, path)]
+    else:
+        found = list(reversed(list_checkpoints(path)))  # newest first
+    failures: list[CheckpointError] = []
+
+    def newest_loadable(bound: int | None) -> tuple[int, dict[str, Any]] | CheckpointError:
+        """(step, state) of the newest checkpoint at or before ``bound`` that loads, or the
+        error that ends the search."""
+        for step, checkpoint in found:
+            if bound is not None and step > bound:
+                continue
+            try:
+                return step, _load_state(checkpoint)
+            except CheckpointError as e:
+                if not fall_back or len(found) == 1 or (
+                        checkpoint / SHARDED_STATE_FILE).is_file() or isinstance(
+                        e.__cause__, OSError | MemoryError):
+                    return e
+                failures.append(e)
+                _log.warning("skipping checkpoint %s: %s", checkpoint.name, e)
+        if not found:
+            return CheckpointError(f"no checkpoint at {path} (expected {STATE_FILE} or "
+                                   f"checkpoint-NNNNNNNN/ directories)")
+        if failures:
+            return CheckpointError(f"{failures[0]}; no older checkpoint under {path} loads "
+                                   f"either")
+        return CheckpointError(f"no checkpoint under {path} at or before step {bound} loads "
+                               f"on every rank of this run")
+
+    bound, held = None, None
+    while True:
+        if held is None or (bound is not None and held[0] > bound):
+            got = newest_loadable(bound)
+            held = None if isinstance(got, CheckpointError) else got
+        offers = [-1 if held is None else held[0]]
+        if agree is not None:
+            offers = [int(offer) for offer in agree(offers[0])]
+        if held is None:
+            raise got
+        if -1 in offers:
+            raise CheckpointError(f"another rank of this run could not load a checkpoint "
+                                  f"of {path}: see its error")
+        if len(set(offers)) == 1:
+            if held[0] != found[0][0]:
+                _log.warning("resuming from %s, the newest checkpoint that loads%s",
+                             dict(found)[held[0]].name,
+                             "" if agree is None else " on every rank")
+            return held[1]
+        bound = min(offers)  # another rank cannot load the newer one this rank holds
 
 
 def _load_state(path: Path) -> dict[str, Any]:

@@ -154,8 +154,8 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
     if resume_from is not None and run.sharded_checkpoints:
         restored = dcp.restore(run, state, Path(resume_from))
     elif resume_from is not None:
-        restored = restore(run, state, ckpt.load_checkpoint(
-            Path(resume_from), fall_back=not run.dist.enabled))  # ranks must agree
+        agree = (lambda offer: gather_objects(offer, run.dist)) if run.dist.enabled else None
+        restored = restore(run, state, ckpt.load_checkpoint(Path(resume_from), agree=agree))
     loop = _Loop(run, state, reporter, restored)
     if resume_from is not None:
         loop.remark_restored_best()
