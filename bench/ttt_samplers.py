@@ -19,7 +19,8 @@ How a stopped trial is told to the sampler (``--tell``):
   result as a COMPLETE value, whether ASHA stopped the trial or not).
 
 ``--variant`` is ``random`` or the JSON keyword arguments of ``optuna.samplers.TPESampler``
-besides the seed. Optuna 5's TPE is multivariate (for one objective) with a constant liar
+besides the seed (and ``random_fraction``: that share of the trials sampled at random, as
+BOHB does). Optuna 5's TPE is multivariate (for one objective) with a constant liar
 by default; the product's is the independent TPE with a constant liar
 (``hpo.algorithms.TPESamplerSpec.is_multivariate``): ``{"n_startup_trials": 4,
 "multivariate": false}`` is the product's sampler on the example's spec and 80 trials.
@@ -133,10 +134,46 @@ class RunningTrial:
             self.thread.join()
 
 
+class RandomFraction(optuna.samplers.BaseSampler):
+    """BOHB's remedy for a model-based search stuck in one basin (Falkner et al., 2018,
+    "BOHB", its ``random_fraction``): a fixed fraction of the trials, drawn by trial
+    number, sampled at random; the others by ``base``. Here to measure it only."""
+
+    def __init__(self, base: optuna.samplers.BaseSampler, fraction: float, seed: int) -> None:
+        self.base, self.random = base, optuna.samplers.RandomSampler(seed=seed)
+        self.fraction, self.seed = fraction, seed
+
+    def _is_random(self, trial) -> bool:
+        return random.Random(f"{self.seed}:{trial.number}").random() < self.fraction
+
+    def infer_relative_search_space(self, study, trial):
+        return {} if self._is_random(trial) else self.base.infer_relative_search_space(
+            study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return {} if self._is_random(trial) else self.base.sample_relative(
+            study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        chosen = self.random if self._is_random(trial) else self.base
+        return chosen.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study, trial) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+
 def sampler(variant: str, seed: int) -> optuna.samplers.BaseSampler:
+    """``random``, or TPE with ``variant``'s keyword arguments; a ``random_fraction`` among
+    them wraps it in :class:`RandomFraction`."""
     if variant == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, **json.loads(variant))
+    options = json.loads(variant)
+    fraction = options.pop("random_fraction", 0)
+    tpe = optuna.samplers.TPESampler(seed=seed, **options)
+    return RandomFraction(tpe, fraction, seed) if fraction else tpe
 
 
 def asha_stops(rungs: dict[int, dict[int, float]], rank: int, epoch: int,
