@@ -7,9 +7,12 @@ Two rules, either or both:
 - ``no_improvement_trials: N`` (with ``min_delta: d``, default 0): ``N`` finished trials
   in a row, in the order they finished, none of which improved the best objective
   value by more than ``d``, fire it. Finished means COMPLETE or PRUNED (a pruned trial
-  improved nothing); FAIL trials do not count. Only a COMPLETE trial's value (a full
-  budget's result) can improve the best; an improvement of ``d`` or less leaves the
-  best as it was (Keras' ``EarlyStopping`` rule for ``min_delta``).
+  improved nothing); FAIL trials do not count, nor a trial PRUNED by the end of a run
+  rather than judged (``stopped_by`` in :data:`RUN_ENDS`: a user's stop, the timeout, a
+  queued trial never started), which a later run of the study would otherwise count.
+  Only a COMPLETE trial's value (a full budget's result) can improve the best; an
+  improvement of ``d`` or less leaves the best as it was (Keras' ``EarlyStopping`` rule
+  for ``min_delta``).
 
 With spec ``constraints``, an infeasible trial's value is no result either: it fires
 no target and improves nothing (it counts as a finished trial that did not improve).
@@ -30,9 +33,12 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["STOP_REASON_ATTR", "StudyStopRule", "stop_reason"]
+__all__ = ["RUN_ENDS", "STOP_REASON_ATTR", "StudyStopRule", "stop_reason"]
 
 STOP_REASON_ATTR = "stop_reason"  # the Optuna study's user attribute, once a rule fired
+# stopped_by of trials ended PRUNED by their run's end, not by a scheduler's judgement
+# (hpo.tune.driver: end_open_trials, run_study's end_waiting)
+RUN_ENDS = ("user", "timeout", "budget", "stop_when", "study_failed")
 _FAR_FUTURE = dt.datetime.max
 
 
@@ -57,7 +63,8 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
 
     Args:
         trials: the study's trials, any order and states (only COMPLETE and PRUNED
-            count, in the order of ``datetime_complete``, then number).
+            count, in the order of ``datetime_complete``, then number; not those PRUNED
+            by a run's end, :data:`RUN_ENDS`).
         metric: the objective's name, for the reason's text.
         maximize: the objective's direction.
         target: the ``target`` rule's value, if set.
@@ -69,8 +76,9 @@ def stop_reason(trials: Sequence[FrozenTrial], *, metric: str, maximize: bool,
         One line naming the rule (``stop_when.target`` or
         ``stop_when.no_improvement_trials``), the trials it looked at and the values.
     """
-    finished = sorted((t for t in trials if t.state in (TrialState.COMPLETE,
-                                                        TrialState.PRUNED)),
+    finished = sorted((t for t in trials if t.state == TrialState.COMPLETE or (
+                           t.state == TrialState.PRUNED
+                           and t.user_attrs.get("stopped_by") not in RUN_ENDS)),
                       key=lambda t: (t.datetime_complete or _FAR_FUTURE, t.number))
     best: FrozenTrial | None = None
     since = 0  # finished trials since the best one (since the first, before any best)

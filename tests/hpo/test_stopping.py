@@ -21,13 +21,15 @@ T0 = dt.datetime(2026, 1, 1)
 
 
 def _trial(number: int, state: TrialState, value: float | None = None,
-           done_at: int | None = None, memory: float | None = None) -> FrozenTrial:
+           done_at: int | None = None, memory: float | None = None,
+           stopped_by: str | None = None) -> FrozenTrial:
     """A finished trial; with ``memory``, a spec constraint ``memory.max`` whose
     violation is ``memory`` (> 0: infeasible), as ``hpo.record`` sets it."""
     t = optuna.trial.create_trial(
         state=state, value=value if state == TrialState.COMPLETE else None,
         params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
         intermediate_values={1: value} if value is not None else {},
+        user_attrs={} if stopped_by is None else {"stopped_by": stopped_by},
         system_attrs={} if memory is None else {"constraints:memory.max": memory})
     t.number = number
     t.datetime_complete = T0 + dt.timedelta(seconds=number if done_at is None else done_at)
@@ -80,6 +82,20 @@ def test_trials_count_in_the_order_they_finished_not_by_number():
     assert stop_reason([_trial(0, P)], **{**rule, "no_improvement_trials": 1}) == (
         "stop_when.no_improvement_trials: 1 trial finished, none of them COMPLETE "
         "(when 1 trial had finished)")
+
+
+@pytest.mark.parametrize("by", ["user", "timeout", "budget", "stop_when", "study_failed"])
+def test_trials_pruned_by_a_runs_end_are_no_trials_without_improvement(by):
+    # a run stopped (or timed out) twice, 2 trials at a time, then run again: its 4 trials
+    # ended by the runs' ends were never judged, the 2 that ASHA pruned were
+    trials = [_trial(0, C, 0.9), _trial(1, P, stopped_by=by), _trial(2, P, stopped_by=by),
+              _trial(3, P, stopped_by="asha"), _trial(4, P, stopped_by=by),
+              _trial(5, P, stopped_by=by), _trial(6, P, stopped_by="asha")]
+    rule = dict(metric="acc", maximize=True, no_improvement_trials=3)
+    assert stop_reason(trials, **rule) is None
+    assert stop_reason([*trials, _trial(7, C, 0.5)], **rule) == (
+        "stop_when.no_improvement_trials: 3 trials finished since trial 0 set the best acc "
+        "0.9, none improving it (when 4 trials had finished)")
 
 
 def test_an_infeasible_trial_fires_no_target_and_sets_no_best():
