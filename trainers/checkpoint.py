@@ -63,7 +63,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import uuid
@@ -71,7 +70,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from trainers.data import read_json, write_atomically
@@ -488,26 +486,3 @@ def _load_state(path: Path) -> dict[str, Any]:
         return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same to the caller
         raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
-
-
-def capture_rng() -> dict[str, Any]:
-    """Every RNG state the loop depends on: Python, NumPy, torch CPU and CUDA."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
-                  "has_gauss": has_gauss, "gauss": gauss},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Restore the RNG states captured by :func:`capture_rng`."""
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -78,6 +78,7 @@ from trainers.fsdp import clip_grad_norm
 from trainers.precision import MAX_SKIPPED_IN_A_ROW
 from trainers.reporting import Decision, NullReporter, Reporter
 from trainers.resume import Restored, TrainState, Window, respan, restore, run_state
+from trainers.rng import capture_rng
 from trainers.tasks.base import Task
 
 LOOP_METRICS = frozenset({
@@ -453,7 +454,7 @@ class _Loop:
                              keep_last=run.config.keep_last_checkpoints)
 
     def _snapshot_rng(self) -> None:
-        self.rng_snapshot = gather_objects(ckpt.capture_rng(), self.run.dist)
+        self.rng_snapshot = gather_objects(capture_rng(), self.run.dist)
         # each rank's own training-loss window: a resumed rank continues its own, so the
         # next train_loss sums what the uninterrupted ranks would (rank 0's alone, taken
         # by every rank, counted it world_size times)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainers import checkpoint as ckpt
 from trainers.components import Run, total_steps
 from trainers.ema import EMA
 from trainers.errors import CheckpointError, ConfigError
 from trainers.fields import to_dict
+from trainers.rng import restore_rng
 from trainers.schedules import schedule_factor
 
 CHECKPOINT_FORMAT = 1
@@ -68,7 +68,7 @@ def run_state(run: Run, state: TrainState, window: Window, history: list[dict[st
         history: every evaluation's metrics so far (a resumed run returns them).
         last_eval: ``(step, samples)`` of the last evaluation, so that a resume at
             that very position does not evaluate and report it as a new one.
-        rng: every rank's RNG states (``checkpoint.capture_rng``), by rank.
+        rng: every rank's RNG states (``trainers.rng.capture_rng``), by rank.
         windows: every rank's metrics window (``dataclasses.asdict(Window)``), by rank;
             ``window`` is this rank's (rank 0's, the one that writes), kept for older readers.
         sharded: leave out the model, optimizer and EMA weights (a sharded
@@ -162,7 +162,7 @@ def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Re
     if watched != run.early_stopping_metric:  # early stopping now watches another metric
         state.best_value, state.best_step, state.evals_without_improvement = None, None, 0
     if rng is not None and len(rng) == run.dist.world_size:
-        ckpt.restore_rng(rng[run.dist.rank])
+        restore_rng(rng[run.dist.rank])
     return restored
 
 
