@@ -144,16 +144,36 @@ def _public_hovertext(text: str) -> str:
     ``<br>``) with the user attributes as ``/v1`` shows them; any other text as it was."""
     if "user_attrs" not in text:
         return text
-    try:
-        data = json.loads(text.replace("<br>", "\n"))
+    try:  # each <br> becomes a carriage return: JSON whitespace between tokens, and inside
+        # a value (an error's text, a choice) a raw control character that only the lax
+        # parser takes (helper-42: the strict one refused it, and the text went out whole,
+        # hidden attributes included); the values' own newlines stay newlines
+        data = _with_br(json.loads(text.replace("<br>", "\r"), strict=False))
     except ValueError:
-        return text
-    if not isinstance(data, dict) or not isinstance(data.get("user_attrs"), dict):
-        return text
+        return HOVER_WITHHELD
+    if not isinstance(data, dict):
+        return HOVER_WITHHELD
+    if not isinstance(data.get("user_attrs"), dict):
+        return text if "user_attrs" not in data else HOVER_WITHHELD
     data["user_attrs"] = public_attrs(data["user_attrs"])
     if not data["user_attrs"]:
         del data["user_attrs"]
     return json.dumps(data, indent=2).replace("\n", "<br>")
+
+
+HOVER_WITHHELD = "(this trial's details: see its page)"  # a hover text that does not parse
+
+
+def _with_br(node):
+    """``node`` with the carriage returns inside its strings (keys too) written ``<br>``
+    again, as the hover text had them."""
+    if isinstance(node, str):
+        return node.replace("\r", "<br>")
+    if isinstance(node, dict):
+        return {_with_br(k): _with_br(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_with_br(v) for v in node]
+    return node
 
 
 def _public_strings(node):

@@ -564,3 +564,29 @@ def test_the_dashboard_plots_hover_texts_hide_what_v1_hides(client, tokens, chec
         assert "n_steps" in texts and "ValueError: bad" in texts
         assert CHECKPOINT in _texts(json.loads(
             client.get(url, headers=bearer(tokens["admin"])).text))
+
+
+@pytest.mark.parametrize("where", ["fail_reason", "choice", "attribute"])
+def test_a_br_inside_a_trials_value_hides_the_attributes_all_the_same(client, tokens,
+                                                                      checkpointed, app, where):
+    """helper-42: optuna joins a hover text's lines with ``<br>``; a ``<br>`` inside a value
+    (a member's own error text, a categorical choice, an attribute) made the text fail to
+    parse back, and it went out whole, the checkpoint path and node address in it."""
+    storage = app.state.components.studies.storage
+    hidden = {"checkpoint": CHECKPOINT, "node_ip": NODE_IP}
+    choice = optuna.distributions.CategoricalDistribution(["a<br>b", "c"])
+    trial = {
+        "fail_reason": dict(state=optuna.trial.TrialState.FAIL, user_attrs={
+            **hidden, "fail_reason": "ValueError: bad<br>input"}),
+        "choice": dict(params={"act": "a<br>b"}, distributions={"act": choice}, value=0.3,
+                       user_attrs=hidden),
+        "attribute": dict(value=0.3, user_attrs={**hidden, "note<br>": "x<br>y"}),
+    }[where]
+    optuna.load_study(study_name="checkpointed", storage=storage).add_trial(
+        optuna.trial.create_trial(**trial))
+    r = client.get(f"/api/studies/{checkpointed}/plot/timeline", headers=bearer(tokens["alice"]))
+    texts = _texts(json.loads(r.text))
+    assert r.status_code == 200 and CHECKPOINT not in texts and NODE_IP not in texts
+    shown = {"fail_reason": '"fail_reason": "ValueError: bad<br>input"',
+             "choice": '"act": "a<br>b"', "attribute": '"note<br>": "x<br>y"'}[where]
+    assert shown in texts  # the value as it was, its <br> kept
