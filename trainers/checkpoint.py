@@ -426,39 +426,49 @@ def load_checkpoint(path: Path, fall_back: bool = True,
             sharded (FSDP); with ``agree``, also where another rank could not load one.
     """
     path = Path(path)
-    if (path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file():
-        found = [(0, path)]
-    else:
-        found = list(reversed(list_checkpoints(path)))  # newest first
+    listing_error = None
+    try:
+        if (path / STATE_FILE).is_file() or (path / SHARDED_STATE_FILE).is_file():
+            found = [(0, path)]
+        else:
+            found = list(reversed(list_checkpoints(path)))  # newest first
+    except OSError as e:  # a stat's EIO or EACCES: every rank must hear of it
+        found, listing_error = [], _read_error(f"cannot list the checkpoints of {path}", e)
     failures: list[CheckpointError] = []
 
     def newest_loadable(bound: int | None) -> tuple[int, dict[str, Any]] | CheckpointError:
         """(step, state) of the newest checkpoint at or before ``bound`` that loads, or the
         error that ends the search."""
+        if listing_error is not None:
+            return listing_error
         for step, checkpoint in found:
             if bound is not None and step > bound:
                 continue
             try:
                 return step, _load_state(checkpoint)
             except CheckpointError as e:
-                if not fall_back or len(found) == 1 or (
-                        checkpoint / SHARDED_STATE_FILE).is_file() or isinstance(
-                        e.__cause__, OSError | MemoryError):
-                    return e
-                failures.append(e)
-                _log.warning("skipping checkpoint %s: %s", checkpoint.name, e)
+                error = e
+            except Exception as e:  # noqa: BLE001 - a stat's EIO: no tear, and no rank may
+                error = _read_error(f"cannot read checkpoint {checkpoint}", e)  # raise alone
+            if not fall_back or len(found) == 1 or isinstance(
+                    error.__cause__, OSError | MemoryError) or _sharded(checkpoint):
+                return error
+            failures.append(error)
+            _log.warning("skipping checkpoint %s: %s", checkpoint.name, error)
         if not found:
             return CheckpointError(f"no checkpoint at {path} (expected {STATE_FILE} or "
                                    f"checkpoint-NNNNNNNN/ directories)")
-        if failures:
-            return CheckpointError(f"{failures[0]}; no older checkpoint under {path} loads "
-                                   f"either")
-        return CheckpointError(f"no checkpoint under {path} at or before step {bound} loads "
-                               f"on every rank of this run")
+        if bound is not None:  # the ranks' searches met no checkpoint all of them load
+            return CheckpointError(f"no checkpoint under {path} at or before step {bound} "
+                                   f"loads on this rank, and no later one on every rank "
+                                   f"of this run")
+        return CheckpointError(f"{failures[0]}; no older checkpoint under {path} loads "
+                               f"either")
 
     bound, held = None, None
     while True:
         if held is None or (bound is not None and held[0] > bound):
+            held = got = None  # its state freed before the next one loads
             got = newest_loadable(bound)
             held = None if isinstance(got, CheckpointError) else got
         offers = [-1 if held is None else held[0]]
@@ -476,6 +486,21 @@ def load_checkpoint(path: Path, fall_back: bool = True,
                              "" if agree is None else " on every rank")
             return held[1]
         bound = min(offers)  # another rank cannot load the newer one this rank holds
+
+
+def _read_error(message: str, e: BaseException) -> CheckpointError:
+    error = CheckpointError(f"{message}: {type(e).__name__}: {e}")
+    error.__cause__ = e
+    return error
+
+
+def _sharded(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` is FSDP's (``trainers.dcp``); unknowable counts as sharded,
+    which no search falls back past."""
+    try:
+        return (checkpoint / SHARDED_STATE_FILE).is_file()
+    except OSError:
+        return True
 
 
 def _load_state(path: Path) -> dict[str, Any]:
