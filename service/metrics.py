@@ -10,7 +10,8 @@ Read from the database at each scrape (:class:`StoreCollector`; one query per ta
 
 * ``hpo_studies{status}``: studies by status; ``hpo_queue_depth``: QUEUED studies;
 * ``hpo_driver_heartbeat_age_seconds``: seconds since the oldest last heartbeat of a
-  RUNNING study's driver (0 when none runs), on this process's clock against the
+  RUNNING study's driver (since it started, for one without a heartbeat; 0 when none
+  runs), on this process's clock against the
   drivers' own: a driver is taken over after ``HPO_HEARTBEAT_TIMEOUT_S`` of silence, and a
   local driver silent (or deaf to a stop) for 3 x that (60 s at least) is killed;
 * ``hpo_trials{state}``: the stored studies' trials by state (``complete``, ``pruned``,
@@ -120,7 +121,10 @@ class StoreCollector:
             retired = session.execute(sa.select(TokenRow.name, UsageRow.device_seconds)
                                       .join(TokenRow, TokenRow.id == UsageRow.owner_id)).all()
             owners = quotas.owners_report(session)
-            oldest_beat = session.execute(sa.select(sa.func.min(StudyRow.heartbeat_at)).where(
+            # a RUNNING study without a heartbeat (the dispatcher takes it for stale):
+            # since it started
+            oldest_beat = session.execute(sa.select(sa.func.min(sa.func.coalesce(
+                StudyRow.heartbeat_at, StudyRow.started_at, StudyRow.created_at))).where(
                 StudyRow.status == Status.RUNNING)).scalar_one()
             waiting = session.execute(sa.select(sa.func.count()).select_from(StudyRow).where(
                 StudyRow.waiting_for.is_not(None),

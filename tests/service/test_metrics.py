@@ -253,3 +253,7 @@ def test_the_driver_heartbeat_age_is_the_oldest_running_studys(client, tokens, s
     assert 95 <= age() < 95 + 30  # the silent driver's, not the ended study's
     _set_status(client, "silent", "STOPPED")
     assert 2 <= age() < 2 + 30
+    with client.app.state.components.sessions.begin() as session:  # no heartbeat at all
+        session.execute(sa.update(StudyRow).where(StudyRow.name == "queued").values(
+            status="RUNNING", started_at=now - dt.timedelta(seconds=300)))
+    assert 300 <= age() < 300 + 30
