@@ -15,6 +15,7 @@ talks to them through :class:`Reporter`.
 from trainers.components import planned_updates
 from trainers.config import TrainConfig
 from trainers.errors import (
+    USER_CODE_ERRORS,
     CheckpointError,
     ConfigError,
     NonFiniteError,
@@ -50,6 +51,7 @@ __all__ = [
     "TrainResult",
     "TrainersError",
     "UnknownTaskError",
+    "USER_CODE_ERRORS",
     "create",
     "describe",
     "fit",

@@ -10,6 +10,12 @@ from __future__ import annotations
 import functools
 import unicodedata
 
+# What a task's own code may raise that a check reports instead of ending the process: any
+# Exception, and SystemExit (a module or method that calls sys.exit), which is none
+# (helper-41: `hpo task check` ended "passing", `hpo run` exited 0 storing nothing, and
+# GET /v1/tasks answered 500 to everyone). KeyboardInterrupt stays the user's Ctrl-C.
+USER_CODE_ERRORS = (Exception, SystemExit)
+
 
 class TrainersError(Exception):
     """Base class of every error raised by :mod:`trainers`."""

@@ -28,7 +28,7 @@ def _task(name: str) -> TaskOut:
         cls = trainers.get_task(name)
         return TaskOut(name=name, objective=cls.objective, metrics=dict(cls.metrics),
                        options=_fields(cls.fields()))
-    except Exception as e:  # noqa: BLE001 - an installed package may raise anything
+    except trainers.USER_CODE_ERRORS as e:  # noqa: BLE001 - an installed package may raise anything
         return TaskOut(name=name, objective=None, metrics={}, options=[],
                        error=public_message(f"{type(e).__name__}: {e}"))  # no module paths
 

@@ -60,6 +60,8 @@ CASES = {  # class: (rules that do not pass, the FAIL line's start)
     "BuildRaisesTask": ({"build": "FAIL", **{r: "SKIP" for r in RULES[3:]}},
                         "FAIL build [Task.datasets / Task.build_model]: raised RuntimeError: "
                         "no such layer: Linear3000"),
+    "ExitsInBuildTask": ({"build": "FAIL", **{r: "SKIP" for r in RULES[3:]}},
+                         "FAIL build [Task.datasets / Task.build_model]: raised SystemExit: 0"),
     "WrongBoundTask": ({"bounds": "FAIL"},
                        "FAIL bounds [Options]: option width documents 64 as valid"),
     # the training rules cannot run when the loop's evaluation has no objective to read

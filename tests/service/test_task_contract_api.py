@@ -17,6 +17,8 @@ ENTRY_POINTS = {
     "broken-build": "tests.trainers.broken_tasks:BuildRaisesTask",
     "mean-loss": "tests.trainers.broken_tasks:MeanLossTask",
     "init-raises": "tests.trainers.broken_tasks:InitRaisesTask",
+    "exits-import": "tests.trainers.exits_at_import:ExitsTask",
+    "exits-build": "tests.trainers.broken_tasks:ExitsInBuildTask",
 }
 
 
@@ -51,6 +53,11 @@ def spec(task: str) -> dict:
     ("broken-build", "task 'broken-build' breaks the task contract, rule 'build': raised "
                      "RuntimeError: no such layer: Linear3000 "
                      "(`hpo task check broken-build` runs every rule)"),
+    # sys.exit is no Exception: it was a plain-text 500 (helper-41)
+    ("exits-import", "task 'exits-import' breaks the task contract, rule 'import': "
+                     "SystemExit: 3 (`hpo task check exits-import` runs every rule)"),
+    ("exits-build", "task 'exits-build' breaks the task contract, rule 'build': raised "
+                    "SystemExit: 0 (`hpo task check exits-build` runs every rule)"),
 ])
 def test_a_task_that_breaks_the_contract_at_creation_answers_422_naming_task_and_rule(
         client, tokens, app, installed, task, msg):
@@ -115,3 +122,13 @@ def test_an_installed_scaffold_is_listed_by_get_tasks(client, tokens, tmp_path, 
     assert [o["name"] for o in listed["options"]] == [
         "n_samples", "n_features", "n_classes", "hidden", "dropout", "data_seed"]
     assert "listed-task" in trainers.list_tasks()
+
+
+def test_a_package_that_exits_at_import_is_listed_with_its_error(client, tokens, installed):
+    """helper-41: one installed package calling sys.exit as it is imported made GET /v1/tasks
+    a 500 for everyone."""
+    r = client.get("/v1/tasks", headers=bearer(tokens["bob"]))
+    assert r.status_code == 200
+    listed = {t["name"]: t for t in r.json()["tasks"]}
+    assert listed["exits-import"]["error"] == "SystemExit: 3"
+    assert listed["broken-build"]["error"] is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
+import sys
 import threading
 
 import torch
@@ -76,6 +77,13 @@ class UnpicklableTask(RegressionTask):
 class BuildRaisesTask(RegressionTask):
     def build_model(self, config):
         raise RuntimeError("no such layer: Linear3000")
+
+
+class ExitsInBuildTask(RegressionTask):
+    """Calls ``sys.exit(0)``, which is no Exception (helper-41: the checks let it end them)."""
+
+    def build_model(self, config):
+        sys.exit(0)
 
 
 class InitRaisesTask(RegressionTask):

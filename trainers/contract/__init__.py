@@ -63,6 +63,7 @@ from trainers.contract._static import (
     creation_violations,
     documented_bounds,
 )
+from trainers.errors import USER_CODE_ERRORS
 from trainers.tasks import get_task
 from trainers.tasks.base import Task
 
@@ -100,7 +101,7 @@ def load_task(target: str) -> type[Task]:
     if ":" not in target:
         try:
             cls = get_task(target)
-        except Exception as e:  # noqa: BLE001 - a user's package may raise anything
+        except USER_CODE_ERRORS as e:  # noqa: BLE001 - a user's package may raise anything
             raise TaskLoadError(_exc(e)) from e
     else:
         module_name, _, attr = target.partition(":")
@@ -108,7 +109,7 @@ def load_task(target: str) -> type[Task]:
             sys.path.insert(0, os.getcwd())
         try:
             cls = getattr(importlib.import_module(module_name), attr)
-        except Exception as e:  # noqa: BLE001
+        except USER_CODE_ERRORS as e:  # noqa: BLE001
             raise TaskLoadError(f"cannot import {target!r}: {_exc(e)}") from e
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise TaskLoadError(f"{target!r} is not a trainers.Task subclass")
@@ -151,7 +152,7 @@ def check_task(task_cls: type[Task]) -> Iterator[RuleResult]:
         else:
             try:
                 result = body()
-            except Exception as e:  # noqa: BLE001 - the task's own code
+            except USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code
                 result = RuleResult(rule, "FAIL", _METHODS[rule], f"raised {_exc(e)}")
         if not result.ok and not (rule == "metrics" and _loop_can_evaluate(task, evaluated)):
             failed.add(rule)

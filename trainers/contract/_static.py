@@ -23,7 +23,7 @@ from trainers.contract._base import (
     _pass,
 )
 from trainers.distributed import dist_info
-from trainers.errors import ConfigError
+from trainers.errors import USER_CODE_ERRORS, ConfigError
 from trainers.evaluation import evaluate
 from trainers.fields import FieldInfo, build
 from trainers.tasks.base import Task
@@ -34,7 +34,7 @@ def _check_pickle(task_cls: type[Task]) -> RuleResult:
     for what, obj in (("the task", task), ("its options", task.options)):
         try:
             copy = pickle.loads(pickle.dumps(obj))
-        except Exception as e:  # noqa: BLE001
+        except USER_CODE_ERRORS as e:  # noqa: BLE001
             return _fail("pickle", f"{what} cannot be pickled ({_exc(e)}). Fix: keep only "
                          "plain values in __init__ and Options (no locks, open files, "
                          "generators, lambdas); create such things in datasets/build_model")
@@ -94,7 +94,7 @@ def _check_bounds(task_cls: type[Task]) -> RuleResult:
             try:
                 task.datasets(0)
                 _meta_model(task)
-            except Exception as e:  # noqa: BLE001
+            except USER_CODE_ERRORS as e:  # noqa: BLE001
                 return _fail("bounds", f"with {info.name}={value!r} (a documented bound): "
                              f"{_exc(e)}")
             tried += 1
@@ -221,7 +221,7 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
         _, val_set = task.datasets(config.seed)
         with torch.device("meta"):
             model = task.build_model(config.replace(device="cpu"))
-    except Exception as e:  # noqa: BLE001 - the task's own code
+    except USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code
         return [_fail("build", f"raised {_exc(e)}")]
     if len(val_set) == 0:
         return [_fail("build", "the validation dataset is empty")]
@@ -234,7 +234,7 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
             batch = _batch(task, val_set, 0, min(2, len(val_set)))
             sums = {k: float(v) for k, v in task.eval_sums(model, batch).items()}
         returned = set(task.eval_metrics(sums))
-    except Exception as e:  # noqa: BLE001
+    except USER_CODE_ERRORS as e:  # noqa: BLE001
         return [_fail("metrics", f"evaluating raised {_exc(e)}")]
     if returned != set(task.metrics):
         return [_fail("metrics", f"the task declares {sorted(task.metrics)} but eval_metrics "
