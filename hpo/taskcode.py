@@ -26,8 +26,10 @@ This module does not import Ray: it only says what to ship.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +91,32 @@ def module_paths(top: str) -> tuple[str, ...]:
     if spec is None:
         raise ModuleNotFoundError(f"No module named {top!r}", name=top)
     if spec.submodule_search_locations:
-        return tuple(str(Path(p).resolve()) for p in spec.submodule_search_locations)
+        return tuple(_named(Path(p), top) for p in spec.submodule_search_locations)
     if spec.origin and spec.origin.endswith(".py"):
-        return (str(Path(spec.origin).resolve()),)
+        return (_named(Path(spec.origin), f"{top}.py"),)
     log.warning("module %s (%s) cannot be shipped to the workers: install it on every worker",
                 top, spec.origin)
     return ()
+
+
+_links: Path | None = None  # this process's folder of links named after shipped modules
+
+
+def _named(path: Path, name: str) -> str:
+    """``path`` as Ray ships it under ``name``: Ray names a shipped directory or file after
+    the path's last component (``packaging._zip_files``), so the path stays absolute with
+    its links kept (a package reached through a symlink ``alias -> src_v2`` is ``alias``),
+    and a module whose folder or file has another name (an editable install mapping the
+    package to ``src/``) is shipped through a link named ``name`` in a folder of this
+    process's own (helper-41: trials failed with ``No module named 'alias'``)."""
+    global _links
+    path = path.absolute()
+    if path.name == name:
+        return str(path)
+    if _links is None:
+        _links = Path(tempfile.mkdtemp(prefix="hpo-shipped-"))
+    link = _links / hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16] / name
+    if not link.is_symlink():
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(path.resolve())
+    return str(link)
