@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 from fastapi import APIRouter
 
@@ -11,6 +12,7 @@ from hpo.errors import public_message
 from service.api_errors import documented
 from service.deps import Reader
 from service.schemas import FieldOut, TaskOut, TasksOut
+from trainers.tasks import ENTRY_POINTS_MAX_AGE_S
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -33,14 +35,24 @@ def _task(name: str) -> TaskOut:
                        error=public_message(f"{type(e).__name__}: {e}"))  # no module paths
 
 
-@functools.cache
-def describe_tasks() -> TasksOut:
-    """Every task known to this process (entry points are read once per process)."""
+@functools.lru_cache(maxsize=4)
+def describe_tasks(targets: tuple[tuple[str, str], ...] = (), period: int = 0) -> TasksOut:
+    """The tasks of ``targets`` (name, ``module:Class``), described once for each set of
+    installed tasks and each ``ENTRY_POINTS_MAX_AGE_S`` period: a package installed,
+    removed or mended while the service runs shows here as it does at study creation
+    (helper-41: the first description was kept for the process's life)."""
     return TasksOut(training_fields=_fields(trainers.describe(trainers.TrainConfig)),
-                    tasks=[_task(name) for name in trainers.list_tasks()])
+                    tasks=[_task(name) for name, _ in targets])
+
+
+def current_tasks() -> TasksOut:
+    """:func:`describe_tasks` of the tasks installed now."""
+    names = trainers.list_tasks()  # reads the entry points anew
+    targets = tuple((name, trainers.task_target(name)) for name in names)
+    return describe_tasks(targets, int(time.monotonic() // ENTRY_POINTS_MAX_AGE_S))
 
 
 @router.get("", response_model=TasksOut, responses=documented(401, 503))
 def list_tasks(who: Reader) -> TasksOut:
     """The built-in and installed tasks (entry-point group ``hpo.trainers``)."""
-    return describe_tasks()
+    return current_tasks()

@@ -132,3 +132,23 @@ def test_a_package_that_exits_at_import_is_listed_with_its_error(client, tokens,
     listed = {t["name"]: t for t in r.json()["tasks"]}
     assert listed["exits-import"]["error"] == "SystemExit: 3"
     assert listed["broken-build"]["error"] is None
+
+
+def test_get_tasks_shows_a_package_installed_while_the_service_runs(client, tokens, tmp_path,
+                                                                  monkeypatch):
+    """helper-41: the first description was kept for the process's life, while creating a
+    study saw the new package at once."""
+    tasks.describe_tasks.cache_clear()
+    before = client.get("/v1/tasks", headers=bearer(tokens["bob"])).json()
+    assert "late-task" not in [t["name"] for t in before["tasks"]]
+    dist_info = tmp_path / "late-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: late\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[hpo.trainers]\nlate-task = tests.trainers.broken_tasks:MeanLossTask\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        after = client.get("/v1/tasks", headers=bearer(tokens["bob"])).json()
+    finally:
+        tasks.describe_tasks.cache_clear()
+    assert "late-task" in [t["name"] for t in after["tasks"]]

@@ -176,6 +176,24 @@ def test_entry_points_are_read_once_and_again_on_a_miss_or_a_removal(tmp_path, m
     sys.modules.pop("movedtasks", None)
 
 
+def test_a_name_registered_twice_is_the_first_on_the_path_with_a_warning(tmp_path,
+                                                                         monkeypatch, caplog):
+    """helper-41: the later, lower-priority registration won, silently."""
+    from trainers import tasks
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    _install(first, "twice_a", "twice-task = twice_first:Task")
+    _install(second, "twice_b", "twice-task = twice_second:Task")
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))  # first on sys.path
+    with caplog.at_level("WARNING", logger="trainers.tasks"):
+        assert tasks.task_target("twice-task") == "twice_first:Task"
+        assert tasks.list_tasks().count("twice-task") == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "task 'twice-task' is registered twice: twice_first:Task is used, "
+        "twice_second:Task is not"]  # once, however often the entry points are read
+
+
 def test_config_validation_names_the_field():
     bad = [("lr", 0.0), ("micro_batch_size", 0), ("ema_decay", 1.0), ("min_lr_ratio", 2.0),
            ("device", "tpu"), ("max_grad_norm", -1.0), ("momentum", 1.0)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -49,6 +50,8 @@ _BUILTIN = {
 # found at once, a changed one within that time.
 ENTRY_POINTS_MAX_AGE_S = 30.0
 _installed: tuple[float, dict[str, str]] | None = None
+_twice_warned: set[tuple[str, str, str]] = set()  # a name registered twice, warned of once
+_log = logging.getLogger(__name__)
 
 
 def _targets(fresh: bool = True) -> dict[str, str]:
@@ -56,8 +59,15 @@ def _targets(fresh: bool = True) -> dict[str, str]:
     global _installed
     if fresh or _installed is None or (
             time.monotonic() - _installed[0] > ENTRY_POINTS_MAX_AGE_S):
-        _installed = (time.monotonic(), {ep.name: ep.value for ep in
-                                         importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+        found: dict[str, str] = {}
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            # in sys.path order: the first registration of a name wins, as the first
+            # module on the path does (helper-41: the last one won, silently)
+            twice = (ep.name, found.setdefault(ep.name, ep.value), ep.value)
+            if twice[1] != twice[2] and twice not in _twice_warned:
+                _twice_warned.add(twice)
+                _log.warning("task %r is registered twice: %s is used, %s is not", *twice)
+        _installed = (time.monotonic(), found)
     targets = dict(_installed[1])
     targets.update(_BUILTIN)  # an installed package cannot shadow a built-in task
     return targets
