@@ -36,7 +36,7 @@ from hpo.spec import (
 )
 from hpo.suggest import did_you_mean
 from trainers.config import MAX_NUM_WORKERS
-from trainers.contract import creation_violations
+from trainers.contract import creation_violations, process_state_kept
 
 __all__ = ["INT_OPTION_LIMITS", "MANAGED_FIELDS", "MAX_GRID_SIZE", "MUTABLE_IN_TRAINING",
            "SINGLE_OBJECTIVE_SAMPLERS", "check_against_task", "check_budgets", "check_paths",
@@ -53,6 +53,13 @@ INT_OPTION_LIMITS = {"seed": 2**32 - 1, "num_workers": MAX_NUM_WORKERS}
 
 
 def check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpec:
+    """:func:`_check_against_task`, the task's code run with the process state it may
+    change put back (``trainers.contract.process_state_kept``)."""
+    with process_state_kept(f"task {spec.task!r}"):
+        return _check_against_task(spec, allow_paths=allow_paths)
+
+
+def _check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySpec:
     """Validate ``spec`` against its task; return it with objective directions filled in.
 
     The task class is looked up once (a scan of the installed entry points) and

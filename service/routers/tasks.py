@@ -12,6 +12,7 @@ from hpo.errors import public_message
 from service.api_errors import documented
 from service.deps import Reader
 from service.schemas import FieldOut, TaskOut, TasksOut
+from trainers.contract import process_state_kept
 from trainers.tasks import ENTRY_POINTS_MAX_AGE_S
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
@@ -27,7 +28,8 @@ def _task(name: str) -> TaskOut:
     import, in its class attributes or its options' schema) is listed with its error, so
     that one broken installed package does not take ``/v1/tasks`` down for everyone."""
     try:
-        cls = trainers.get_task(name)
+        with process_state_kept(f"task {name!r}"):
+            cls = trainers.get_task(name)
         return TaskOut(name=name, objective=cls.objective, metrics=dict(cls.metrics),
                        options=_fields(cls.fields()))
     except trainers.USER_CODE_ERRORS as e:  # noqa: BLE001 - an installed package may raise anything

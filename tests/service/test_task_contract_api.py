@@ -19,6 +19,7 @@ ENTRY_POINTS = {
     "init-raises": "tests.trainers.broken_tasks:InitRaisesTask",
     "exits-import": "tests.trainers.exits_at_import:ExitsTask",
     "exits-build": "tests.trainers.broken_tasks:ExitsInBuildTask",
+    "chdir-task": "tests.trainers.broken_tasks:ChdirTask",
 }
 
 
@@ -152,3 +153,20 @@ def test_get_tasks_shows_a_package_installed_while_the_service_runs(client, toke
     finally:
         tasks.describe_tasks.cache_clear()
     assert "late-task" in [t["name"] for t in after["tasks"]]
+
+
+def test_a_task_that_changes_the_working_directory_leaves_the_service_where_it_was(
+        client, tokens, installed, caplog):
+    """helper-41: a task's os.chdir in datasets() moved the service's relative database and
+    results paths for every later study."""
+    import os
+
+    import torch
+
+    cwd = os.getcwd()
+    with caplog.at_level("WARNING", logger="trainers.contract"):
+        r = client.post("/v1/studies", json=spec("chdir-task"), headers=bearer(tokens["alice"]))
+    assert r.status_code in (201, 422), r.text
+    assert os.getcwd() == cwd and torch.get_default_dtype() == torch.float32
+    assert "task 'chdir-task' changed the working directory (/), torch's default dtype " \
+           "(torch.float64): put back" in [rec.getMessage() for rec in caplog.records]

@@ -86,6 +86,16 @@ class ExitsInBuildTask(RegressionTask):
         sys.exit(0)
 
 
+class ChdirTask(RegressionTask):
+    """Changes the process's working directory and torch's default dtype as it builds its
+    data (helper-41: the service's relative paths moved with it)."""
+
+    def datasets(self, seed):
+        os.chdir("/")
+        torch.set_default_dtype(torch.float64)
+        return super().datasets(seed)
+
+
 class InitRaisesTask(RegressionTask):
     """Raises a plain RuntimeError (not ConfigError) when it is created with more than 8
     hidden units, and KeyError from ``check_config`` for 3 or more updates."""

@@ -50,6 +50,7 @@ from trainers.contract._base import (
     WHY_SUM,
     RuleResult,
     _exc,
+    process_state_kept,
 )
 from trainers.contract._runs import _check_accumulation, _check_determinism, _check_resume
 from trainers.contract._static import (
@@ -69,7 +70,7 @@ from trainers.tasks.base import Task
 
 __all__ = ["ACCUMULATION_TOLERANCE", "CREATION_CHECK_MAX_PARAMS", "RULES", "WHY_SUM",
            "RuleResult", "TaskLoadError", "check_target", "check_task", "creation_violations",
-           "documented_bounds", "load_task"]
+           "documented_bounds", "load_task", "process_state_kept"]
 
 
 INSTALL_FIX = ("Fix: install the task's package (pip install DIR) or give module:Class "

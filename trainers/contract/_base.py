@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import os
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
@@ -92,3 +96,33 @@ def _batch(task: Task, dataset, start: int, n: int) -> Any:
 def _meta_model(task: Task) -> nn.Module:
     with torch.device("meta"):
         return task.build_model(_config(task, max_updates=1))
+
+
+_log = logging.getLogger("trainers.contract")
+
+
+@contextlib.contextmanager
+def process_state_kept(what: str) -> Iterator[None]:
+    """Run a task's own code (``what`` names it in the warning) in this process, then put
+    back the process-wide state it may have changed: the working directory (helper-41: a
+    task's ``os.chdir`` moved the service's relative database and results paths), torch's
+    default dtype and its number of threads. Changes to anything else stay; a task that
+    changes these is named in a warning."""
+    cwd, dtype, threads = os.getcwd(), torch.get_default_dtype(), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        changed = []
+        with contextlib.suppress(OSError):
+            if os.getcwd() != cwd:
+                changed.append(f"the working directory ({os.getcwd()})")
+        if changed:
+            os.chdir(cwd)
+        if torch.get_default_dtype() != dtype:
+            changed.append(f"torch's default dtype ({torch.get_default_dtype()})")
+            torch.set_default_dtype(dtype)
+        if torch.get_num_threads() != threads:
+            changed.append(f"torch's threads ({torch.get_num_threads()})")
+            torch.set_num_threads(threads)
+        if changed:
+            _log.warning("%s changed %s: put back", what, ", ".join(changed))
