@@ -18,6 +18,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+# Result keys of a report besides the loop's own (``trainers.loop.LOOP_METRICS``) that a
+# task's metric must not be named: Ray Tune's (``ray.tune.result``: ``done``,
+# ``should_checkpoint``, ``trial_id``, ``experiment_tag`` and its ``AUTO_RESULT_KEYS``) and
+# what the product's trainable adds (``node_id``, ``stop_reason``). A task metric ``done``
+# ended its trial at the first report, one named ``step`` moved its curve (helper-41).
+RESERVED_RESULT_KEYS = frozenset({
+    "done", "should_checkpoint", "trial_id", "experiment_tag", "training_iteration",
+    "time_total_s", "episodes_total", "timesteps_total", "node_ip", "hostname", "pid",
+    "time_this_iter_s", "timestamp", "date", "time_since_restore", "timesteps_since_restore",
+    "iterations_since_restore", "config", "checkpoint_dir_name", "node_id", "stop_reason"})
+
 Metrics = Mapping[str, float]
 SaveCheckpoint = Callable[[], "Path | None"]
 

@@ -44,6 +44,9 @@ CASES = {  # class: (rules that do not pass, the FAIL line's start)
     "MissingMetricTask": ({"metrics": "FAIL"},
                           "FAIL metrics [Task.eval_sums / Task.eval_metrics]: the task declares "
                           "['val_loss', 'val_r2'] but eval_metrics returns ['val_loss']"),
+    "ReservedMetricTask": ({"metrics": "FAIL"},
+                           "FAIL metrics [Task.eval_sums / Task.eval_metrics]: metric names "
+                           "['done'] are keys every report holds already"),
     "NondeterministicTask": ({"determinism": "FAIL", "resume": "SKIP", "accumulation": "SKIP"},
                              "FAIL determinism [Task.datasets / Task.build_model / "
                              "Task.loss_sum]: two runs with seed 0 differ at micro-batch 1: "
@@ -318,3 +321,14 @@ def test_new_says_to_install_the_directory_as_a_path_not_a_pypi_name(
     assert result.output.splitlines()[-1] == \
         f"next: {pip} install {shown} && {hpo} task check fresh-task"
     assert pip != "pip"  # (the tests run in the project's venv, which has pip)
+
+
+def test_the_reserved_result_keys_hold_ray_tunes_own():
+    """trainers does not import Ray: its list of the keys Tune adds to a report is checked
+    against Tune's here."""
+    from ray.tune import result
+
+    from trainers.reporting import RESERVED_RESULT_KEYS
+    assert set(result.AUTO_RESULT_KEYS) | {result.DONE, result.SHOULD_CHECKPOINT,
+                                           result.TRIAL_ID, result.EXPERIMENT_TAG} \
+        <= RESERVED_RESULT_KEYS

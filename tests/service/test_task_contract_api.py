@@ -20,6 +20,7 @@ ENTRY_POINTS = {
     "exits-import": "tests.trainers.exits_at_import:ExitsTask",
     "exits-build": "tests.trainers.broken_tasks:ExitsInBuildTask",
     "chdir-task": "tests.trainers.broken_tasks:ChdirTask",
+    "reserved-metric": "tests.trainers.broken_tasks:ReservedMetricTask",
 }
 
 
@@ -59,6 +60,13 @@ def spec(task: str) -> dict:
                      "SystemExit: 3 (`hpo task check exits-import` runs every rule)"),
     ("exits-build", "task 'exits-build' breaks the task contract, rule 'build': raised "
                     "SystemExit: 0 (`hpo task check exits-build` runs every rule)"),
+    ("reserved-metric", "task 'reserved-metric' breaks the task contract, rule 'metrics': "
+                        "metric names ['done'] are keys every report holds already (the "
+                        "loop's: epoch, grad_norm, loss_scale, lr, peak_memory_bytes, "
+                        "planned_updates, samples, samples_per_s, skipped_updates, step, "
+                        "time_s, tokens_per_s, train_loss; the reporter's: done, "
+                        "training_iteration, node_id, ...). Fix: name them otherwise, e.g. "
+                        "val_done (`hpo task check reserved-metric` runs every rule)"),
 ])
 def test_a_task_that_breaks_the_contract_at_creation_answers_422_naming_task_and_rule(
         client, tokens, app, installed, task, msg):

@@ -32,6 +32,16 @@ class MissingMetricTask(RegressionTask):
     metrics = {"val_loss": "minimize", "val_r2": "maximize"}
 
 
+class ReservedMetricTask(RegressionTask):
+    """Reports a metric named ``done``, a key Ray Tune reads (helper-41: its trial ended at
+    the first report)."""
+
+    metrics = {"val_loss": "minimize", "done": "maximize"}
+
+    def eval_metrics(self, sums):
+        return {**super().eval_metrics(sums), "done": sums["n"] * 0.0}
+
+
 class NondeterministicTask(RegressionTask):
     """Draws its data from the operating system's entropy, not from the seed."""
 

@@ -26,6 +26,8 @@ from trainers.distributed import dist_info
 from trainers.errors import USER_CODE_ERRORS, ConfigError
 from trainers.evaluation import evaluate
 from trainers.fields import FieldInfo, build
+from trainers.loop import LOOP_METRICS
+from trainers.reporting import RESERVED_RESULT_KEYS
 from trainers.tasks.base import Task
 
 
@@ -110,6 +112,9 @@ def _check_metrics(task: Task, evaluated: dict[str, float]) -> RuleResult:
     metrics = evaluate(task, model, val_set, dist_info("cpu"), nullcontext, 8)
     evaluated.update(metrics)
     declared, returned = set(task.metrics), set(metrics)
+    clash = reserved_names(declared)
+    if clash:
+        return _fail("metrics", clash)
     if declared != returned:
         return _fail("metrics", f"the task declares {sorted(declared)} but eval_metrics "
                      f"returns {sorted(returned)}. Fix: return exactly the keys of metrics")
@@ -239,4 +244,16 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
     if returned != set(task.metrics):
         return [_fail("metrics", f"the task declares {sorted(task.metrics)} but eval_metrics "
                       f"returns {sorted(returned)}")]
-    return []
+    clash = reserved_names(set(task.metrics))
+    return [_fail("metrics", clash)] if clash else []
+
+
+def reserved_names(declared: set[str]) -> str:
+    """Why some of the task's metric names cannot be, or empty: each report holds the
+    loop's own keys and the reporter's (:data:`trainers.reporting.RESERVED_RESULT_KEYS`)."""
+    clash = sorted(declared & (LOOP_METRICS | RESERVED_RESULT_KEYS))
+    if not clash:
+        return ""
+    return (f"metric names {clash} are keys every report holds already (the loop's: "
+            f"{', '.join(sorted(LOOP_METRICS))}; the reporter's: done, training_iteration, "
+            f"node_id, ...). Fix: name them otherwise, e.g. val_{clash[0]}")
