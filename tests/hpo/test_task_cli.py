@@ -65,6 +65,9 @@ CASES = {  # class: (rules that do not pass, the FAIL line's start)
                         "no such layer: Linear3000"),
     "ExitsInBuildTask": ({"build": "FAIL", **{r: "SKIP" for r in RULES[3:]}},
                          "FAIL build [Task.datasets / Task.build_model]: raised SystemExit: 0"),
+    "ShadowingOptionTask": ({"bounds": "FAIL"},
+                            "FAIL bounds [Options]: option lr is named like the TrainConfig "
+                            "field: one value would set both"),
     "WrongBoundTask": ({"bounds": "FAIL"},
                        "FAIL bounds [Options]: option width documents 64 as valid"),
     # the training rules cannot run when the loop's evaluation has no objective to read

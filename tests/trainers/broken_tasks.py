@@ -136,6 +136,17 @@ class WrongBoundTask(RegressionTask):
     Options = WrongBoundOptions
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShadowingOptions(RegressionOptions):
+    lr: float = option(0.1, "the task's own rate, named like TrainConfig's lr")
+
+
+class ShadowingOptionTask(RegressionTask):
+    """An option named like a TrainConfig field (helper-41: one value set both)."""
+
+    Options = ShadowingOptions
+
+
 class MissingObjectiveTask(RegressionTask):
     """Declares ``val_mae`` as its objective but ``eval_metrics`` never returns it: the loop,
     which reads the objective after each evaluation, cannot train the task."""

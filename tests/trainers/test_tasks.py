@@ -194,6 +194,16 @@ def test_a_name_registered_twice_is_the_first_on_the_path_with_a_warning(tmp_pat
         "twice_second:Task is not"]  # once, however often the entry points are read
 
 
+def test_a_task_option_named_like_a_train_config_field_is_refused_naming_it():
+    from tests.trainers.broken_tasks import ShadowingOptionTask
+
+    for params in ({"lr": 0.01}, {}):
+        with pytest.raises(ConfigError) as info:
+            create(ShadowingOptionTask, params)
+        assert info.value.field == "lr"
+        assert "has an option named like the TrainConfig field 'lr'" in str(info.value)
+
+
 def test_config_validation_names_the_field():
     bad = [("lr", 0.0), ("micro_batch_size", 0), ("ema_decay", 1.0), ("min_lr_ratio", 2.0),
            ("device", "tpu"), ("max_grad_norm", -1.0), ("momentum", 1.0)]

@@ -84,6 +84,10 @@ def documented_bounds(info: FieldInfo) -> list[Any]:
 
 
 def _check_bounds(task_cls: type[Task]) -> RuleResult:
+    shadowed = sorted({f.name for f in task_cls.fields()} & set(TrainConfig.__dataclass_fields__))
+    if shadowed:  # trainers.create refuses it: one value would set both
+        return _fail("bounds", f"option {shadowed[0]} is named like the TrainConfig field: "
+                     f"one value would set both. Fix: rename the option")
     tried = 0
     for info in task_cls.fields():
         for value in documented_bounds(info):

@@ -165,13 +165,19 @@ def create(name: str | type[Task], params: Mapping[str, Any] | None = None, *,
     Raises:
         UnknownTaskError: no such task.
         ConfigError: a key is neither a ``TrainConfig`` field nor a task option,
-            or a value is invalid (the error names the key).
+            or a value is invalid (the error names the key), or the task has an option
+            named like a ``TrainConfig`` field.
     """
     cls, name = (get_task(name), name) if isinstance(name, str) else (
         name, registered or name.name)
     params = dict(params or {})
     config_names = {f.name for f in describe(TrainConfig)}
     option_names = {f.name for f in cls.fields()}
+    shadowed = sorted(config_names & option_names)
+    if shadowed:  # one value would set both (helper-41): which one a spec meant is unknown
+        raise ConfigError(shadowed[0], f"task {name!r} has an option named like the "
+                                       f"TrainConfig field {shadowed[0]!r}: rename the "
+                                       f"task's option")
     unknown = sorted(set(params) - config_names - option_names)
     if unknown:
         raise ConfigError(unknown[0], f"not a training option nor an option of task {name!r}")
