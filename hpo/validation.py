@@ -238,8 +238,9 @@ def _check_config(spec: StudySpec, task_cls: type[trainers.Task],
             errors.append({"loc": f"config.{name}", "msg": why})
     if not errors:
         e = _try_create(task_cls, spec.config)
-        if e is not None:
-            errors.append({"loc": f"config.{e.field}", "msg": e.reason})
+        if e is not None:  # field "task": the task class itself (trainers.Task.check_config)
+            errors.append({"loc": "task" if e.field == "task" else f"config.{e.field}",
+                           "msg": e.reason})
     return errors
 
 

@@ -21,6 +21,7 @@ ENTRY_POINTS = {
     "exits-build": "tests.trainers.broken_tasks:ExitsInBuildTask",
     "chdir-task": "tests.trainers.broken_tasks:ChdirTask",
     "reserved-metric": "tests.trainers.broken_tasks:ReservedMetricTask",
+    "bad-objective": "tests.trainers.broken_tasks:UndeclaredObjectiveTask",
 }
 
 
@@ -178,3 +179,14 @@ def test_a_task_that_changes_the_working_directory_leaves_the_service_where_it_w
     assert os.getcwd() == cwd and torch.get_default_dtype() == torch.float32
     assert "task 'chdir-task' changed the working directory (/), torch's default dtype " \
            "(torch.float64): put back" in [rec.getMessage() for rec in caplog.records]
+
+
+def test_an_objective_the_task_does_not_report_blames_the_task_class(client, tokens,
+                                                                    installed):
+    """helper-41: the error named config.early_stopping_metric, which the spec did not set,
+    and the class's own name attribute instead of the registered one."""
+    r = client.post("/v1/studies", json=spec("bad-objective"), headers=bearer(tokens["alice"]))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["details"] == [{"loc": "task", "msg": (
+        "the task class tests.trainers.broken_tasks.UndeclaredObjectiveTask declares objective "
+        "'acc', which is not one of its metrics ['val_loss']")}]

@@ -155,6 +155,12 @@ class MissingObjectiveTask(RegressionTask):
     objective = "val_mae"
 
 
+class UndeclaredObjectiveTask(RegressionTask):
+    """Names an objective that is not among its declared metrics."""
+
+    objective = "acc"
+
+
 class NoisyLossTask(RegressionTask):
     """``loss_sum`` adds noise from the global RNG: the same batch twice gives two losses
     (two runs from one seed are still identical: the loop seeds that RNG)."""

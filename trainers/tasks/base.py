@@ -149,10 +149,17 @@ class Task(abc.ABC):
         config built by hand is held to the same rules.
 
         Raises:
-            ConfigError: ``early_stopping_metric`` is not one of ``metrics``, or
+            ConfigError: ``objective`` (field ``task``) or ``early_stopping_metric`` is
+                not one of ``metrics``, or
                 ``activation_checkpointing`` is asked of a task that does not
                 support it.
         """
+        if config.early_stopping_metric is None and cls.objective not in cls.metrics:
+            # the class's own mistake, no config field's (helper-41 saw it blamed on
+            # early_stopping_metric, which the spec did not set)
+            raise ConfigError("task", f"the task class {cls.__module__}.{cls.__qualname__} "
+                                      f"declares objective {cls.objective!r}, which is not one "
+                                      f"of its metrics {sorted(cls.metrics)}")
         metric = config.early_stopping_metric or cls.objective
         if metric not in cls.metrics:
             raise ConfigError("early_stopping_metric",
