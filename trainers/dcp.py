@@ -53,7 +53,7 @@ from trainers import checkpoint as ckpt
 from trainers.components import Run
 from trainers.data import write_atomically
 from trainers.distributed import all_reduce_max
-from trainers.errors import CheckpointError, CheckpointWriteError, ConfigError
+from trainers.errors import CheckpointError, CheckpointWriteError, ConfigError, misfit
 from trainers.resume import (
     CHECKPOINT_FORMAT,
     Restored,
@@ -236,8 +236,7 @@ def restore(run: Run, state: TrainState, path: Path) -> Restored:
     except (CheckpointError, ConfigError):
         raise
     except (KeyError, ValueError, RuntimeError, TypeError, OSError) as e:
-        raise CheckpointError(f"checkpoint {path.name} does not fit this run: "
-                              f"{type(e).__name__}: {e}") from e
+        raise CheckpointError(misfit(f"checkpoint {path.name}", e)) from e
     old, new = saved["world_size"], run.dist.world_size
     if old != new:  # the same fraction of the epoch, in this world's per-rank samples
         state.position = min(state.position * old // new, run.samples_per_rank)

@@ -93,6 +93,15 @@ class CheckpointWriteError(CheckpointError):
     checkpoints are untouched, so the run can be resumed from the newest of them."""
 
 
+def misfit(where: str, e: BaseException) -> str:
+    """The message of a checkpoint that does not fit the run it is loaded into, on one line
+    (torch's "Error(s) in loading state_dict" lists the keys on lines of their own, which
+    an answer's one-line ``fail_reason`` cut off: helper-41), saying the likely cause."""
+    return (f"{where} does not fit this run (its model or optimizer changed since the "
+            f"checkpoint was written: the task's code, or an option that shapes the model?): "
+            f"{type(e).__name__}: {' '.join(str(e).split())}")
+
+
 def printable(text: str) -> str:
     """``text`` with its control characters (ESC, newline, CR, NUL, ... : Unicode category
     ``Cc``) and lone surrogates (``Cs``) escaped as Python writes them (``\\x1b``,

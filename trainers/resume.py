@@ -13,7 +13,7 @@ from typing import Any
 
 from trainers.components import Run, total_steps
 from trainers.ema import EMA
-from trainers.errors import CheckpointError, ConfigError
+from trainers.errors import CheckpointError, ConfigError, misfit
 from trainers.fields import to_dict
 from trainers.rng import restore_rng
 from trainers.schedules import schedule_factor
@@ -135,7 +135,7 @@ def restore(run: Run, state: TrainState, saved: dict[str, Any]) -> Restored:
     except (CheckpointError, ConfigError):
         raise
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
-        raise CheckpointError(f"checkpoint does not fit this run: {type(e).__name__}: {e}") from e
+        raise CheckpointError(misfit("the checkpoint", e)) from e
 
 
 def restore_loop_state(run: Run, state: TrainState, saved: dict[str, Any]) -> Restored:

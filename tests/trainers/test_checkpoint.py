@@ -187,8 +187,13 @@ def test_a_checkpoint_that_does_not_fit_the_model_built_is_a_clear_error(tmp_pat
         def build_model(self, config):
             return super().build_model(config).append(torch.nn.Linear(1, 1))
 
-    with pytest.raises(CheckpointError, match="does not fit this run"):
+    with pytest.raises(CheckpointError, match="does not fit this run") as info:
         fit(Wider(), _config(tmp_path, max_updates=2), resume_from=tmp_path)
+    # one line, with the keys (helper-41: a trial's one-line fail_reason ended at torch's
+    # "Error(s) in loading state_dict for Sequential:", its keys on the lines cut off)
+    message = str(info.value)
+    assert "\n" not in message and "the task's code" in message
+    assert 'Missing key(s) in state_dict: "4.weight", "4.bias".' in message
 
 
 def test_resume_with_changed_lr_takes_the_new_lr_at_the_same_schedule_position(tmp_path):
