@@ -31,12 +31,13 @@ stop reaches it as the scheduler's decision (``hpo.tune.schedulers``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,9 +202,24 @@ def train_trial(params: dict[str, Any], setup: TrialSetup) -> None:
         task, config = _build(setup, params, workdir)
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
         policy = CheckpointPolicy(setup.checkpoint_interval_s, setup.checkpoint_from_step)
-        trainers.fit(task, config, TuneReporter(policy), resume_from=resume)
+        with _exit_as_error():
+            trainers.fit(task, config, TuneReporter(policy), resume_from=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _exit_as_error() -> Iterator[None]:
+    """A task's ``sys.exit(code)`` as an error naming it: Ray takes a non-zero exit of the
+    trainable's thread for its actor's death ("The actor died unexpectedly", helper-41).
+    ``sys.exit(0)`` passes: it is how ``tune.report`` stops a trial's thread
+    (``ray.train._internal.session``)."""
+    try:
+        yield
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        raise RuntimeError(f"the task's code called sys.exit({e.code!r})") from None
 
 
 # -- several workers: Ray Train inside the Tune trial -------------------------------------
@@ -249,7 +265,8 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
         # Ray Train's own restart, else where the Tune trial continues from
         checkpoint = ray.train.get_checkpoint() or loop_config["resume"]
         resume = checkpoint.to_directory(str(workdir / "resume")) if checkpoint else None
-        trainers.fit(task, config, TrainReporter(), resume_from=resume)
+        with _exit_as_error():
+            trainers.fit(task, config, TrainReporter(), resume_from=resume)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -158,6 +158,16 @@ def test_a_raising_trial_fails_with_its_error_and_the_study_goes_on(sqlite_url, 
     assert sorted(failed.intermediate_values) == [3]
 
 
+def test_a_task_calling_sys_exit_fails_its_trial_saying_so(sqlite_url, tmp_path):
+    """helper-41: Ray took the trainable's SystemExit for its actor's death: the trial's
+    fail_reason was "The actor died unexpectedly before finishing this task"."""
+    spec = toy_spec("exits", config={"exit_at_update": 5}, budget={"n_trials": 1})
+    _, (trial,) = run(spec, sqlite_url, tmp_path)
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["fail_reason"] == (
+        "RuntimeError: the task's code called sys.exit('toy exit at update 5')")
+
+
 def test_nan_objective_fails_never_running(sqlite_url, tmp_path):
     spec = toy_spec("nan", config={"nan_from_eval": 3}, budget={"n_trials": 2})
     out, trials = run(spec, sqlite_url, tmp_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 
 import torch
@@ -25,6 +26,7 @@ class HpoToyOptions(RegressionOptions):
     score: float = option(0.0, "added to val_score (-val_loss): a second objective that "
                                "conflicts with val_loss")
     fail_at_update: int = option(0, "raise RuntimeError in this update (0: never)")
+    exit_at_update: int = option(0, "call sys.exit with a message in this update (0: never)")
     nan_from_eval: int = option(0, "val_loss is NaN from this evaluation on (0: never)")
     sleep_ms: int = option(0, "sleep this long in every micro-batch")
     die_at_update: int = option(0, "kill the trial's process in this update (0: never)")
@@ -61,6 +63,8 @@ class HpoToyTask(RegressionTask):
         o = self.options
         if o.fail_at_update and self.calls >= o.fail_at_update and self._first_time():
             raise RuntimeError(f"toy failure at update {self.calls}")
+        if o.exit_at_update and self.calls == o.exit_at_update:
+            sys.exit(f"toy exit at update {self.calls}")
         if o.die_at_update and self.calls == o.die_at_update and self._first_time():
             if o.die_signal:
                 os.kill(os.getpid(), o.die_signal)
