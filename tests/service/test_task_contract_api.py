@@ -22,6 +22,8 @@ ENTRY_POINTS = {
     "chdir-task": "tests.trainers.broken_tasks:ChdirTask",
     "reserved-metric": "tests.trainers.broken_tasks:ReservedMetricTask",
     "bad-objective": "tests.trainers.broken_tasks:UndeclaredObjectiveTask",
+    "item-build": "tests.trainers.broken_tasks:ItemInBuildTask",
+    "counted-item": "tests.trainers.broken_tasks:CountedItemTask",
 }
 
 
@@ -190,3 +192,17 @@ def test_an_objective_the_task_does_not_report_blames_the_task_class(client, tok
     assert r.json()["error"]["details"] == [{"loc": "task", "msg": (
         "the task class tests.trainers.broken_tasks.UndeclaredObjectiveTask declares objective "
         "'acc', which is not one of its metrics ['val_loss']")}]
+
+
+def test_a_build_model_that_reads_a_tensor_value_is_told_of_the_meta_device(client, tokens,
+                                                                           installed):
+    """helper-41: refused under the wrong rule with no word of the meta device; with its
+    own parameter_count, as the message says, the task is accepted."""
+    r = client.post("/v1/studies", json=spec("item-build"), headers=bearer(tokens["alice"]))
+    assert r.status_code == 422, r.text
+    (detail,) = r.json()["error"]["details"]
+    assert detail["loc"] == "task" and "rule 'build': raised RuntimeError: Tensor.item() " \
+        "cannot be called on meta tensors (the checks build the model on PyTorch's meta " \
+        "device" in detail["msg"] and "override Task.parameter_count" in detail["msg"]
+    r = client.post("/v1/studies", json=spec("counted-item"), headers=bearer(tokens["alice"]))
+    assert r.status_code == 201, r.text

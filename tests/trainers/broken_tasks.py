@@ -106,6 +106,24 @@ class ChdirTask(RegressionTask):
         return super().datasets(seed)
 
 
+class ItemInBuildTask(RegressionTask):
+    """Reads a tensor's value in build_model: fine on the CPU, impossible on the meta device
+    the checks build on."""
+
+    def build_model(self, config):
+        model = super().build_model(config)
+        model.scale = torch.tensor(4.0).rsqrt().item()
+        return model
+
+
+class CountedItemTask(ItemInBuildTask):
+    """:class:`ItemInBuildTask` with its own parameter count, as the hint says."""
+
+    def parameter_count(self, config) -> int:
+        o = self.options
+        return (o.n_features + 1) * o.hidden + (o.hidden + 1) + 2 * o.hidden * o.batch_norm
+
+
 class InitRaisesTask(RegressionTask):
     """Raises a plain RuntimeError (not ConfigError) when it is created with more than 8
     hidden units, and KeyError from ``check_config`` for 3 or more updates."""

@@ -67,7 +67,16 @@ _METHODS = {"pickle": "Task.__init__ / Options", "build": "Task.datasets / Task.
 
 
 def _exc(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
+    """``Type: message``; for an error of a model built on the ``meta`` device, with why
+    it was built there and what to do (helper-41: a build_model calling ``.item()`` was
+    refused as breaking the documented bounds, with no word of the meta device)."""
+    text = f"{type(e).__name__}: {e}"
+    if "meta" in str(e).lower():
+        text += (" (the checks build the model on PyTorch's meta device, without memory, "
+                 "to check and count it: code in build_model that reads a tensor's value, "
+                 "such as .item(), fails there. Fix: compute such values in Python, or "
+                 "override Task.parameter_count)")
+    return text
 
 
 def _pass(rule: str, detail: str = "") -> RuleResult:

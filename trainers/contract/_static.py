@@ -188,6 +188,8 @@ def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def _check_mutable(task_cls: type[Task]) -> RuleResult:
+    if not task_cls.mutable_options:  # nothing to compare: no model built
+        return _pass("mutable-options", "none")
     fields = {info.name: info for info in task_cls.fields()}
     base = _shapes(_meta_model(task_cls()))
     for name in sorted(task_cls.mutable_options):
@@ -218,7 +220,8 @@ CREATION_CHECK_MAX_PARAMS = 10_000_000  # larger models are not built on the CPU
 def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
     """The cheap subset of the contract, for a service about to create a study.
 
-    Builds the datasets and the model (on the ``meta`` device: no memory),
+    Builds the datasets and counts the model (``Task.parameter_count``: on the ``meta``
+    device, no memory, unless the task counts otherwise),
     then, for a model of at most :data:`CREATION_CHECK_MAX_PARAMS` parameters,
     evaluates it on the CPU on two validation items and compares the metric
     names with the declared ones. Values are not judged (two items may give NaN).
@@ -228,13 +231,12 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
     """
     try:
         _, val_set = task.datasets(config.seed)
-        with torch.device("meta"):
-            model = task.build_model(config.replace(device="cpu"))
+        size = task.parameter_count(config.replace(device="cpu"))  # the meta device's count
     except USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code
         return [_fail("build", f"raised {_exc(e)}")]
     if len(val_set) == 0:
         return [_fail("build", "the validation dataset is empty")]
-    if sum(p.numel() for p in model.parameters()) > CREATION_CHECK_MAX_PARAMS:
+    if size > CREATION_CHECK_MAX_PARAMS:
         return []
     try:
         torch.manual_seed(config.seed)
