@@ -54,9 +54,18 @@ def _check_build(task: Task) -> RuleResult:
             return _fail("build", f"the {which} dataset of the default options is empty")
     if len(train_set) < 2:
         return _fail("build", "the training dataset needs at least 2 items for the checks")
-    model = task.build_model(_config(task, max_updates=1))
+    config = _config(task, max_updates=1)
+    model = task.build_model(config)
     if not isinstance(model, nn.Module) or not list(model.parameters()):
         return _fail("build", "build_model must return an nn.Module with parameters")
+    try:  # what a service bounds the model's size by (and study creation counts with)
+        counted = task.parameter_count(config)
+    except USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code
+        return _fail("build", f"parameter_count raised {_exc(e)}")
+    built = sum(p.numel() for p in model.parameters())
+    if counted != built:
+        return _fail("build", f"parameter_count says {counted}, build_model's model has "
+                     f"{built} parameters")
     return _pass("build")
 
 
