@@ -48,6 +48,11 @@ def class_name(name: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"[-_]", name) if part) + "Task"
 
 
+# modules Python's site module imports at start-up if found (helper-41): a task package of
+# that name would run in every interpreter of the environment it is installed in
+SITE_HOOKS = frozenset({"sitecustomize", "usercustomize"})
+
+
 def check_name(name: str, installed: list[str]) -> None:
     """Refuse a task name that cannot name a task, a package and an entry point.
 
@@ -57,7 +62,8 @@ def check_name(name: str, installed: list[str]) -> None:
             (:data:`NAME_RULE`; what pip accepts as a distribution name, PEP 508),
             a Python keyword, a directory of the project itself
             (:data:`PROJECT_DIRS`), a task already registered (``installed``),
-            or a module already importable here (it would be shadowed or shadow).
+            a module already importable here (it would be shadowed or shadow), or a
+            module Python's ``site`` imports at start-up (:data:`SITE_HOOKS`).
     """
     if not NAME_PATTERN.match(name):
         raise ScaffoldError("NAME", f"{name!r} must be {NAME_RULE} (it names the task, its "
@@ -73,6 +79,10 @@ def check_name(name: str, installed: list[str]) -> None:
     if name in installed:
         raise ScaffoldError("NAME", f"a task named {name!r} is already registered; choose "
                                     "another name")
+    if module in SITE_HOOKS:
+        raise ScaffoldError("NAME", f"{name!r} would name the package {module}, which Python "
+                                    f"imports at every start of an interpreter that has it "
+                                    f"on its path (the site module); choose another name")
     if importlib.util.find_spec(module) is not None:
         raise ScaffoldError("NAME", f"a module named {module!r} is already importable here; "
                                     "choose another name")

@@ -163,6 +163,8 @@ def test_a_target_that_names_no_task_fails_the_import_rule(target, why):
     ("class", "is a Python keyword"),
     ("digits", "a task named 'digits' is already registered"),
     ("json", "a module named 'json' is already importable here"),
+    ("sitecustomize", "which Python imports at every start of an interpreter"),  # helper-41
+    ("usercustomize", "which Python imports at every start of an interpreter"),
 ])
 def test_new_refuses_a_bad_name_naming_the_argument(tmp_path, name, why):
     result = runner.invoke(app, ["task", "new", name, str(tmp_path / "pkg")])
