@@ -72,6 +72,10 @@ CASES = {  # class: (rules that do not pass, the FAIL line's start)
                         "FAIL build [Task.datasets / Task.build_model]: parameter_count raised "
                         "RuntimeError: Tensor.item() cannot be called on meta tensors (the "
                         "checks build the model on PyTorch's meta device"),
+    "UnprintableErrorTask": ({"build": "FAIL", **{r: "SKIP" for r in RULES[3:]}},
+                             "FAIL build [Task.datasets / Task.build_model]: raised "
+                             "UnprintableError: <UnprintableError whose message cannot be "
+                             "shown>"),
     "WrongBoundTask": ({"bounds": "FAIL"},
                        "FAIL bounds [Options]: option width documents 64 as valid"),
     # the training rules cannot run when the loop's evaluation has no objective to read
@@ -341,3 +345,9 @@ def test_the_reserved_result_keys_hold_ray_tunes_own():
     assert set(result.AUTO_RESULT_KEYS) | {result.DONE, result.SHOULD_CHECKPOINT,
                                            result.TRIAL_ID, result.EXPERIMENT_TAG} \
         <= RESERVED_RESULT_KEYS
+
+
+def test_a_nested_class_is_checked_as_trainers_load_task_takes_it():
+    result, lines, _ = check(f"{BROKEN}:Outer.Inner")
+    assert result.exit_code == 0, result.output
+    assert lines[-1] == "all 10 rules passed"

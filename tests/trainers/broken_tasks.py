@@ -192,3 +192,20 @@ class AbstractRegressionTask(RegressionTask):
 
     @abc.abstractmethod
     def loss_sum(self, model, batch) -> torch.Tensor: ...
+
+
+class Outer:
+    class Inner(RegressionTask):
+        """A sound task nested in a class (``module:Outer.Inner``)."""
+
+
+class UnprintableError(Exception):
+    def __str__(self):
+        return 42  # not a str: str() of it raises TypeError
+
+
+class UnprintableErrorTask(RegressionTask):
+    """Raises an exception whose message cannot be shown (helper-41: a traceback)."""
+
+    def build_model(self, config):
+        raise UnprintableError()

@@ -34,6 +34,7 @@ bounds are read from the help text of each option: ``(1..512)``, ``in [0, 1)``,
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -109,7 +110,8 @@ def load_task(target: str) -> type[Task]:
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
-            cls = getattr(importlib.import_module(module_name), attr)
+            cls = functools.reduce(getattr, attr.split("."), importlib.import_module(
+                module_name))  # Outer.Inner, as trainers.load_task takes it
         except USER_CODE_ERRORS as e:  # noqa: BLE001
             raise TaskLoadError(f"cannot import {target!r}: {_exc(e)}") from e
     if not (isinstance(cls, type) and issubclass(cls, Task)):

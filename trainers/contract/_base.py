@@ -70,8 +70,12 @@ def _exc(e: BaseException) -> str:
     """``Type: message``; for an error of a model built on the ``meta`` device, with why
     it was built there and what to do (helper-41: a build_model calling ``.item()`` was
     refused as breaking the documented bounds, with no word of the meta device)."""
-    text = f"{type(e).__name__}: {e}"
-    if "meta" in str(e).lower():
+    try:
+        message = str(e)
+    except Exception:  # noqa: BLE001 - a task's exception whose __str__ fails (helper-41)
+        message = f"<{type(e).__name__} whose message cannot be shown>"
+    text = f"{type(e).__name__}: {message}"
+    if "meta" in message.lower():
         text += (" (the checks build the model on PyTorch's meta device, without memory, "
                  "to check and count it: code in build_model that reads a tensor's value, "
                  "such as .item(), fails there. Fix: compute such values in Python, or "
