@@ -25,6 +25,21 @@ def _spec(path: Path, **changes) -> Path:
 
 
 @pytest.mark.ray
+def test_run_exits_3_naming_the_first_reason_when_every_trial_failed(tmp_path):
+    """helper-41: a study whose every trial failed (a broken task) exited 0."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    spec = _spec(tmp_path / "s.yaml", config={"max_updates": 6, "max_epochs": None,
+                                              "eval_interval": 3, "fail_at_update": 2})
+    proc = subprocess.run([*HPO, "run", str(spec), "--storage", url, "--results-dir",
+                           str(tmp_path / "ray"), "--num-cpus", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "2 trials finished (0 complete, 0 pruned, 2 failed)" in proc.stdout
+    assert proc.stderr.rstrip().endswith(
+        "error: every trial failed; the first: RuntimeError: toy failure at update 2")
+
+
+@pytest.mark.ray
 def test_run_prints_progress_and_best_trial(tmp_path):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     proc = subprocess.run([*HPO, "run", str(_spec(tmp_path / "s.yaml")), "--storage", url,
