@@ -136,3 +136,80 @@ def test_the_training_rules_need_the_objective_not_every_metric():
         "determinism": "SKIP determinism: needs metrics",
         "resume": "SKIP resume: needs metrics, determinism",
         "accumulation": "SKIP accumulation: needs metrics, determinism"}
+
+
+
+def test_process_state_kept_goes_back_from_a_removed_folder(tmp_path, caplog):
+    """helper-43: a task that chdir'ed into a folder it then removed left the process
+    without a working directory."""
+    import os
+    import tempfile
+
+    from trainers.contract import process_state_kept
+
+    cwd = os.getcwd()
+    with (caplog.at_level("WARNING", logger="trainers.contract"),
+          process_state_kept("task 'gone'"), tempfile.TemporaryDirectory(dir=tmp_path) as d):
+        os.chdir(d)
+    assert os.getcwd() == cwd
+    assert [r.getMessage() for r in caplog.records] == [
+        "task 'gone' changed the working directory (a removed folder): put back"]
+
+
+def test_process_state_kept_runs_one_tasks_code_at_a_time(tmp_path):
+    """helper-43: a second request's task saved the first task's folder as the process's
+    own, and put it back after the first had restored the real one."""
+    import os
+    import threading
+
+    from trainers.contract import process_state_kept
+
+    cwd, inside, order = os.getcwd(), threading.Event(), []
+
+    def first() -> None:
+        with process_state_kept("task 'first'"):
+            os.chdir(tmp_path)
+            inside.set()
+            order.append("first in")
+            threading.Event().wait(0.3)
+            order.append("first out")
+
+    def second() -> None:
+        inside.wait()
+        with process_state_kept("task 'second'"):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order == ["first in", "first out", "second in"] and os.getcwd() == cwd
+
+
+
+def test_a_reserved_metric_name_is_refused_at_creation_whatever_the_models_size():
+    """helper-43: the check came after the cut-off above which creation evaluates nothing."""
+    from tests.trainers.broken_tasks import ReservedMetricTask
+    from trainers.contract import CREATION_CHECK_MAX_PARAMS
+
+    class Big(ReservedMetricTask):
+        def parameter_count(self, config) -> int:
+            return CREATION_CHECK_MAX_PARAMS + 1
+
+    (result,) = creation_violations(Big(), CONFIG)
+    assert (result.rule, result.status) == ("metrics", "FAIL")
+    assert result.detail.startswith("metric names ['done'] are keys every report holds")
+
+
+@pytest.mark.parametrize("message, hinted", [
+    ("Tensor.item() cannot be called on meta tensors", True),
+    ("Cannot copy out of meta tensor; no data!", True),
+    ("aten::nonzero is not implemented for the 'meta' device", True),
+    ("No package metadata was found for vtask", False),
+    ("metaclass conflict", False)])
+def test_the_meta_device_hint_is_for_meta_tensor_errors_only(message, hinted):
+    from trainers.contract import _base
+
+    text = _base._exc(RuntimeError(message))
+    assert ("PyTorch's meta device" in text) is hinted

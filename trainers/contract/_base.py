@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
+import threading
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -66,6 +68,12 @@ _METHODS = {"pickle": "Task.__init__ / Options", "build": "Task.datasets / Task.
             "resume": "Task.build_model", "accumulation": "Task.loss_sum / Task.n_items"}
 
 
+# torch's errors of code that needs a tensor's data on the meta device ("cannot be called on
+# meta tensors", "Cannot copy out of meta tensor", "... for the 'meta' device"); not
+# "metadata" or "metaclass" (helper-43)
+_META_ERROR = re.compile(r"\bmeta tensors?\b|'meta'|\bmeta device\b", re.IGNORECASE)
+
+
 def _exc(e: BaseException) -> str:
     """``Type: message``; for an error of a model built on the ``meta`` device, with why
     it was built there and what to do (helper-41: a build_model calling ``.item()`` was
@@ -75,7 +83,7 @@ def _exc(e: BaseException) -> str:
     except Exception:  # noqa: BLE001 - a task's exception whose __str__ fails (helper-41)
         message = f"<{type(e).__name__} whose message cannot be shown>"
     text = f"{type(e).__name__}: {message}"
-    if "meta" in message.lower():
+    if _META_ERROR.search(message):
         text += (" (the checks build the model on PyTorch's meta device, without memory, "
                  "to check and count it: code in build_model that reads a tensor's value, "
                  "such as .item(), fails there. Fix: compute such values in Python, or "
@@ -120,17 +128,30 @@ def process_state_kept(what: str) -> Iterator[None]:
     back the process-wide state it may have changed: the working directory (helper-41: a
     task's ``os.chdir`` moved the service's relative database and results paths), torch's
     default dtype and its number of threads. Changes to anything else stay; a task that
-    changes these is named in a warning."""
+    changes these is named in a warning. Task code run under it runs one at a time in the
+    process (a re-entrant lock)."""
+    with _TASK_CODE:  # one task's code at a time: the state put back is the process's own
+        # (helper-43: two request threads each restored what the other's task had set)
+        yield from _kept(what)
+
+
+_TASK_CODE = threading.RLock()
+
+
+def _kept(what: str) -> Iterator[None]:
     cwd, dtype, threads = os.getcwd(), torch.get_default_dtype(), torch.get_num_threads()
     try:
         yield
     finally:
         changed = []
-        with contextlib.suppress(OSError):
-            if os.getcwd() != cwd:
-                changed.append(f"the working directory ({os.getcwd()})")
-        if changed:
-            os.chdir(cwd)
+        try:
+            now: str | None = os.getcwd()
+        except OSError:  # the task chdir'ed into a folder it then removed (helper-43)
+            now = None
+        if now != cwd:
+            changed.append(f"the working directory ({now or 'a removed folder'})")
+            with contextlib.suppress(OSError):  # our own folder gone meanwhile: none to go to
+                os.chdir(cwd)
         if torch.get_default_dtype() != dtype:
             changed.append(f"torch's default dtype ({torch.get_default_dtype()})")
             torch.set_default_dtype(dtype)
