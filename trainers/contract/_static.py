@@ -245,6 +245,9 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
         return [_fail("build", f"raised {_exc(e)}")]
     if len(val_set) == 0:
         return [_fail("build", "the validation dataset is empty")]
+    clash = reserved_names(set(task.metrics))  # needs no model: before the size cut-off
+    if clash:
+        return [_fail("metrics", clash)]
     if size > CREATION_CHECK_MAX_PARAMS:
         return []
     try:
@@ -259,8 +262,7 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
     if returned != set(task.metrics):
         return [_fail("metrics", f"the task declares {sorted(task.metrics)} but eval_metrics "
                       f"returns {sorted(returned)}")]
-    clash = reserved_names(set(task.metrics))
-    return [_fail("metrics", clash)] if clash else []
+    return []
 
 
 def reserved_names(declared: set[str]) -> str:
