@@ -200,8 +200,10 @@ def test_a_task_option_named_like_a_train_config_field_is_refused_naming_it():
     for params in ({"lr": 0.01}, {}):
         with pytest.raises(ConfigError) as info:
             create(ShadowingOptionTask, params)
-        assert info.value.field == "lr"
-        assert "has an option named like the TrainConfig field 'lr'" in str(info.value)
+        assert info.value.field == "task"
+        assert str(info.value) == (
+            "task: the task class tests.trainers.broken_tasks.ShadowingOptionTask has an "
+            "option named like the TrainConfig field 'lr': rename the option")
 
 
 def test_config_validation_names_the_field():

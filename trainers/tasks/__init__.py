@@ -174,10 +174,11 @@ def create(name: str | type[Task], params: Mapping[str, Any] | None = None, *,
     config_names = {f.name for f in describe(TrainConfig)}
     option_names = {f.name for f in cls.fields()}
     shadowed = sorted(config_names & option_names)
-    if shadowed:  # one value would set both (helper-41): which one a spec meant is unknown
-        raise ConfigError(shadowed[0], f"task {name!r} has an option named like the "
-                                       f"TrainConfig field {shadowed[0]!r}: rename the "
-                                       f"task's option")
+    if shadowed:  # one value would set both (helper-41): which one a spec meant is unknown;
+        # the task class's fault, no value's (field "task", as Task.check_config's objective)
+        raise ConfigError("task", f"the task class {cls.__module__}.{cls.__qualname__} has an "
+                                  f"option named like the TrainConfig field "
+                                  f"{shadowed[0]!r}: rename the option")
     unknown = sorted(set(params) - config_names - option_names)
     if unknown:
         raise ConfigError(unknown[0], f"not a training option nor an option of task {name!r}")
