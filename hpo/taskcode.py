@@ -25,6 +25,7 @@ This module does not import Ray: it only says what to ship.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -117,6 +118,8 @@ def _named(path: Path, name: str) -> str:
         _links = Path(tempfile.mkdtemp(prefix="hpo-shipped-"))
     link = _links / hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16] / name
     if not link.is_symlink():
-        link.parent.mkdir(exist_ok=True)
-        link.symlink_to(path.resolve())
+        # parents too: a temp cleaner may have removed the folder of a long-lived service
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another thread made it meanwhile
+            link.symlink_to(path.resolve())
     return str(link)

@@ -124,6 +124,9 @@ def test_a_module_named_otherwise_than_its_folder_ships_under_its_import_name(
     (link,) = module_paths("alt_task")
     assert Path(link).name == "alt_task" and Path(link).resolve() == mapped
     assert module_paths("alt_task") == (link,)  # the same link each time
+    import shutil  # a temp cleaner removes the folder of links (helper-43)
+    shutil.rmtree(Path(link).parent.parent)
+    assert module_paths("alt_task") == (link,) and Path(link).resolve() == mapped
 
 
 SHIPPED_IMPORTS = textwrap.dedent("""
