@@ -213,13 +213,15 @@ def _exit_as_error() -> Iterator[None]:
     """A task's ``sys.exit(code)`` as an error naming it: Ray takes a non-zero exit of the
     trainable's thread for its actor's death ("The actor died unexpectedly", helper-41).
     ``sys.exit(0)`` passes: it is how ``tune.report`` stops a trial's thread
-    (``ray.train._internal.session``)."""
+    (``ray.train._internal.session``); a bare ``sys.exit()`` does not, Ray's thread runner
+    (``ray.air._internal.util.RunnerThread``) taking only code 0 for a clean stop."""
     try:
         yield
     except SystemExit as e:
-        if e.code in (0, None):
+        if e.code == 0:  # Ray's own stop; None is no clean stop to Ray (helper-43)
             raise
-        raise RuntimeError(f"the task's code called sys.exit({e.code!r})") from None
+        call = "sys.exit()" if e.code is None else f"sys.exit({e.code!r})"
+        raise RuntimeError(f"the task's code called {call}") from None
 
 
 # -- several workers: Ray Train inside the Tune trial -------------------------------------

@@ -160,12 +160,21 @@ def test_a_raising_trial_fails_with_its_error_and_the_study_goes_on(sqlite_url, 
 
 def test_a_task_calling_sys_exit_fails_its_trial_saying_so(sqlite_url, tmp_path):
     """helper-41: Ray took the trainable's SystemExit for its actor's death: the trial's
-    fail_reason was "The actor died unexpectedly before finishing this task"."""
-    spec = toy_spec("exits", config={"exit_at_update": 5}, budget={"n_trials": 1})
-    _, (trial,) = run(spec, sqlite_url, tmp_path)
-    assert trial.state == TrialState.FAIL
-    assert trial.user_attrs["fail_reason"] == (
-        "RuntimeError: the task's code called sys.exit('toy exit at update 5')")
+    fail_reason was "The actor died unexpectedly before finishing this task"; a bare
+    sys.exit() too (helper-43)."""
+    spec = toy_spec("exits", search_space={"exit_at_update": {
+        "type": "categorical", "choices": [0, 5]}, "bare_exit_at_update": {
+        "type": "categorical", "choices": [0, 4]}}, sampler={"name": "grid"},
+        budget={"n_trials": 4})
+    _, trials = run(spec, sqlite_url, tmp_path)
+    reasons = {(t.params["exit_at_update"], t.params["bare_exit_at_update"]):
+               (t.state, t.user_attrs.get("fail_reason")) for t in trials}
+    assert reasons == {
+        (0, 0): (TrialState.COMPLETE, None),
+        (5, 0): (TrialState.FAIL, "RuntimeError: the task's code called "
+                                  "sys.exit('toy exit at update 5')"),
+        (0, 4): (TrialState.FAIL, "RuntimeError: the task's code called sys.exit()"),
+        (5, 4): (TrialState.FAIL, "RuntimeError: the task's code called sys.exit()")}
 
 
 def test_nan_objective_fails_never_running(sqlite_url, tmp_path):

@@ -27,6 +27,7 @@ class HpoToyOptions(RegressionOptions):
                                "conflicts with val_loss")
     fail_at_update: int = option(0, "raise RuntimeError in this update (0: never)")
     exit_at_update: int = option(0, "call sys.exit with a message in this update (0: never)")
+    bare_exit_at_update: int = option(0, "call sys.exit() in this update (0: never)")
     nan_from_eval: int = option(0, "val_loss is NaN from this evaluation on (0: never)")
     sleep_ms: int = option(0, "sleep this long in every micro-batch")
     die_at_update: int = option(0, "kill the trial's process in this update (0: never)")
@@ -65,6 +66,8 @@ class HpoToyTask(RegressionTask):
             raise RuntimeError(f"toy failure at update {self.calls}")
         if o.exit_at_update and self.calls == o.exit_at_update:
             sys.exit(f"toy exit at update {self.calls}")
+        if o.bare_exit_at_update and self.calls == o.bare_exit_at_update:
+            sys.exit()
         if o.die_at_update and self.calls == o.die_at_update and self._first_time():
             if o.die_signal:
                 os.kill(os.getpid(), o.die_signal)
