@@ -61,6 +61,7 @@ from torch import nn
 
 from trainers import checkpoint as ckpt
 from trainers import dcp
+from trainers.checkpoint_read import load_checkpoint
 from trainers.components import Run, build_run, move_to
 from trainers.config import TrainConfig
 from trainers.data import batch_seeds, epoch_order, grouped, loader, micro_batches
@@ -156,7 +157,7 @@ def fit(task: Task, config: TrainConfig, reporter: Reporter | None = None,
         restored = dcp.restore(run, state, Path(resume_from))
     elif resume_from is not None:
         agree = (lambda offer: gather_objects(offer, run.dist)) if run.dist.enabled else None
-        restored = restore(run, state, ckpt.load_checkpoint(Path(resume_from), agree=agree))
+        restored = restore(run, state, load_checkpoint(Path(resume_from), agree=agree))
     loop = _Loop(run, state, reporter, restored)
     if resume_from is not None:
         loop.remark_restored_best()

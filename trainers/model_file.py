@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from trainers import checkpoint as ckpt
+from trainers.checkpoint_read import load_checkpoint
 from trainers.components import build_run
 from trainers.config import TrainConfig
 from trainers.errors import CheckpointError, TrainersError
@@ -75,7 +76,7 @@ def model_from_checkpoint(path: str | Path, origin: Mapping[str, Any] | None = N
     if not any((path / name).is_file() for name in (ckpt.STATE_FILE, ckpt.SHARDED_STATE_FILE)):
         path = ckpt.latest_checkpoint(path) or path
     sharded = (path / ckpt.SHARDED_STATE_FILE).is_file()
-    state = _load(path / ckpt.SHARDED_STATE_FILE) if sharded else ckpt.load_checkpoint(path)
+    state = _load(path / ckpt.SHARDED_STATE_FILE) if sharded else load_checkpoint(path)
     try:
         config, ema = state["config"], state.get("ema")
         use_ema = ema is not None and config.get("eval_with_ema", True)

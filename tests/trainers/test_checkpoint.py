@@ -15,12 +15,8 @@ import torch
 
 from tests.trainers.toy_tasks import RegressionOptions, RegressionTask
 from trainers import Decision, ListReporter, TrainConfig, fit
-from trainers.checkpoint import (
-    best_checkpoint,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-)
+from trainers.checkpoint import best_checkpoint, latest_checkpoint, list_checkpoints
+from trainers.checkpoint_read import load_checkpoint
 from trainers.errors import CheckpointError, ConfigError, NonFiniteError, UnknownTaskError
 from trainers.schedules import lr_factor
 

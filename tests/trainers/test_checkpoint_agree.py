@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from trainers import checkpoint as ckpt
+from trainers import checkpoint_read
 from trainers.errors import CheckpointError
 
 META = {"task": "toy"}
@@ -49,7 +50,7 @@ def resume_together(roots: list[pathlib.Path]) -> tuple[list, list[int]]:
 
     def rank_body(rank: int) -> None:
         try:
-            state = ckpt.load_checkpoint(roots[rank], agree=agree_for(rank))
+            state = checkpoint_read.load_checkpoint(roots[rank], agree=agree_for(rank))
             results[rank] = ("ok", state["trainer"]["step"])
         except CheckpointError as e:
             results[rank] = ("raised", str(e))
@@ -123,7 +124,7 @@ def test_a_rank_holds_one_state_at_a_time_while_the_ranks_search(tmp_path, monke
     make_root(tmp_path / "r", [1, 2, 3, 4])
     live: dict[str, weakref.WeakSet] = {"rank0": weakref.WeakSet(), "rank1": weakref.WeakSet()}
     peak = {"rank0": 0, "rank1": 0}
-    real_load, real_torch_load = ckpt._load_state, torch.load
+    real_load, real_torch_load = checkpoint_read._load_state, torch.load
 
     def load_state(path):
         gc.collect()
@@ -139,7 +140,7 @@ def test_a_rank_holds_one_state_at_a_time_while_the_ranks_search(tmp_path, monke
             raise pickle.UnpicklingError("torn as this rank reads it")
         return real_torch_load(f, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "_load_state", load_state)
+    monkeypatch.setattr(checkpoint_read, "_load_state", load_state)
     monkeypatch.setattr(torch, "load", torn_for_rank_1)
     results, _ = resume_together([tmp_path / "r", tmp_path / "r"])
     assert results == [("ok", 1), ("ok", 1)]

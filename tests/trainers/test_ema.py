@@ -9,7 +9,8 @@ import torch
 
 from tests.trainers.toy_tasks import RegressionOptions, RegressionTask
 from trainers import ListReporter, TrainConfig, fit
-from trainers.checkpoint import latest_checkpoint, load_checkpoint
+from trainers.checkpoint import latest_checkpoint
+from trainers.checkpoint_read import load_checkpoint
 from trainers.ema import EMA
 
 DECAY = 0.8

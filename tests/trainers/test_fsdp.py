@@ -20,6 +20,7 @@ from tests.trainers.torchrun import rank_results, torchrun
 from tests.trainers.toy_tasks import RegressionTask, flat_params
 from trainers import CheckpointError, ListReporter, TrainConfig, fit
 from trainers import checkpoint as ckpt
+from trainers.checkpoint_read import load_checkpoint
 
 pytestmark = pytest.mark.slow  # about 30 s on 2 idle cores
 
@@ -98,7 +99,7 @@ def test_checkpoint_is_one_directory_of_dcp_shards_of_every_rank(runs):
     assert state["world_size"] == 2 and len(state["rng"]) == 2
     assert state["trainer"]["step"] == 6 and state["trainer"]["position"] == 16
     with pytest.raises(CheckpointError, match="parallelism=fsdp"):
-        ckpt.load_checkpoint(path)  # the single-file loader refuses it by name
+        load_checkpoint(path)  # the single-file loader refuses it by name
 
 
 def test_world_size_1_to_2_loads_and_training_continues(runs):

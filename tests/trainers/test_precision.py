@@ -11,7 +11,8 @@ import torch
 
 from tests.trainers.toy_tasks import LinearOptions, LinearTask, RegressionTask, flat_params
 from trainers import ListReporter, NonFiniteError, TrainConfig, fit
-from trainers.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from trainers.checkpoint import latest_checkpoint, list_checkpoints
+from trainers.checkpoint_read import load_checkpoint
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")

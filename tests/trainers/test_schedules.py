@@ -9,7 +9,8 @@ import torch
 
 from tests.trainers.toy_tasks import LinearTask, RegressionTask
 from trainers import ListReporter, TrainConfig, fit
-from trainers.checkpoint import latest_checkpoint, load_checkpoint
+from trainers.checkpoint import latest_checkpoint
+from trainers.checkpoint_read import load_checkpoint
 from trainers.schedules import lr_factor
 
 W, T, PEAK, MIN = 3, 13, 0.1, 0.1  # warmup, total updates, peak LR, min_lr_ratio
