@@ -122,6 +122,9 @@ def _meta_model(task: Task) -> nn.Module:
 _log = logging.getLogger("trainers.contract")
 
 
+_TASK_CODE = threading.RLock()
+
+
 @contextlib.contextmanager
 def process_state_kept(what: str) -> Iterator[None]:
     """Run a task's own code (``what`` names it in the warning) in this process, then put
@@ -129,34 +132,27 @@ def process_state_kept(what: str) -> Iterator[None]:
     task's ``os.chdir`` moved the service's relative database and results paths), torch's
     default dtype and its number of threads. Changes to anything else stay; a task that
     changes these is named in a warning. Task code run under it runs one at a time in the
-    process (a re-entrant lock)."""
-    with _TASK_CODE:  # one task's code at a time: the state put back is the process's own
-        # (helper-43: two request threads each restored what the other's task had set)
-        yield from _kept(what)
-
-
-_TASK_CODE = threading.RLock()
-
-
-def _kept(what: str) -> Iterator[None]:
-    cwd, dtype, threads = os.getcwd(), torch.get_default_dtype(), torch.get_num_threads()
-    try:
-        yield
-    finally:
-        changed = []
+    process (a re-entrant lock), so that the state put back is the process's own
+    (helper-43: two request threads each restored what the other's task had set)."""
+    with _TASK_CODE:
+        cwd, dtype, threads = os.getcwd(), torch.get_default_dtype(), torch.get_num_threads()
         try:
-            now: str | None = os.getcwd()
-        except OSError:  # the task chdir'ed into a folder it then removed (helper-43)
-            now = None
-        if now != cwd:
-            changed.append(f"the working directory ({now or 'a removed folder'})")
-            with contextlib.suppress(OSError):  # our own folder gone meanwhile: none to go to
-                os.chdir(cwd)
-        if torch.get_default_dtype() != dtype:
-            changed.append(f"torch's default dtype ({torch.get_default_dtype()})")
-            torch.set_default_dtype(dtype)
-        if torch.get_num_threads() != threads:
-            changed.append(f"torch's threads ({torch.get_num_threads()})")
-            torch.set_num_threads(threads)
-        if changed:
-            _log.warning("%s changed %s: put back", what, ", ".join(changed))
+            yield
+        finally:
+            changed = []
+            try:
+                now: str | None = os.getcwd()
+            except OSError:  # the task chdir'ed into a folder it then removed (helper-43)
+                now = None
+            if now != cwd:
+                changed.append(f"the working directory ({now or 'a removed folder'})")
+                with contextlib.suppress(OSError):  # our own folder gone meanwhile
+                    os.chdir(cwd)
+            if torch.get_default_dtype() != dtype:
+                changed.append(f"torch's default dtype ({torch.get_default_dtype()})")
+                torch.set_default_dtype(dtype)
+            if torch.get_num_threads() != threads:
+                changed.append(f"torch's threads ({torch.get_num_threads()})")
+                torch.set_num_threads(threads)
+            if changed:
+                _log.warning("%s changed %s: put back", what, ", ".join(changed))
