@@ -28,6 +28,7 @@ from trainers.evaluation import evaluate
 from trainers.fields import FieldInfo, build
 from trainers.loop import LOOP_METRICS
 from trainers.reporting import RESERVED_RESULT_KEYS
+from trainers.tasks import shadowed_options
 from trainers.tasks.base import Task
 
 
@@ -93,7 +94,7 @@ def documented_bounds(info: FieldInfo) -> list[Any]:
 
 
 def _check_bounds(task_cls: type[Task]) -> RuleResult:
-    shadowed = sorted({f.name for f in task_cls.fields()} & set(TrainConfig.__dataclass_fields__))
+    shadowed = shadowed_options(task_cls)
     if shadowed:  # trainers.create refuses it: one value would set both
         return _fail("bounds", f"option {shadowed[0]} is named like the TrainConfig field: "
                      f"one value would set both. Fix: rename the option")

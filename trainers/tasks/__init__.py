@@ -150,6 +150,12 @@ def load_task(target: str) -> type[Task]:
     return cls
 
 
+def shadowed_options(cls: type[Task]) -> list[str]:
+    """The task's options named like a ``TrainConfig`` field, sorted: one value of a flat
+    mapping would set both (:func:`create` refuses such a task)."""
+    return sorted({f.name for f in cls.fields()} & {f.name for f in describe(TrainConfig)})
+
+
 def create(name: str | type[Task], params: Mapping[str, Any] | None = None, *,
            registered: str | None = None) -> tuple[Task, TrainConfig]:
     """A task instance and its ``TrainConfig`` from one flat mapping of parameters.
@@ -173,7 +179,7 @@ def create(name: str | type[Task], params: Mapping[str, Any] | None = None, *,
     params = dict(params or {})
     config_names = {f.name for f in describe(TrainConfig)}
     option_names = {f.name for f in cls.fields()}
-    shadowed = sorted(config_names & option_names)
+    shadowed = shadowed_options(cls)
     if shadowed:  # one value would set both (helper-41): which one a spec meant is unknown;
         # the task class's fault, no value's (field "task", as Task.check_config's objective)
         raise ConfigError("task", f"the task class {cls.__module__}.{cls.__qualname__} has an "
