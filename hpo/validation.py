@@ -75,7 +75,7 @@ def _check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySp
         task_cls = trainers.get_task(spec.task)
     except trainers.UnknownTaskError as e:
         raise SpecError.at("task", str(e)) from None
-    except trainers.USER_CODE_ERRORS as e:  # noqa: BLE001 - an installed task's package may raise anything
+    except trainers.USER_CODE_ERRORS as e:  # an installed task's package may raise anything
         raise SpecError.at("task", _contract_msg(spec.task, "import", _exc(e))) from None
     fields = _task_fields(task_cls)
     if not allow_paths:
@@ -85,7 +85,7 @@ def _check_against_task(spec: StudySpec, *, allow_paths: bool = True) -> StudySp
         errors += _check_config(spec, task_cls, fields)
         if not errors:
             errors += _check_contract(spec, task_cls)
-    except trainers.USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own __init__ or check_config raised
+    except trainers.USER_CODE_ERRORS as e:  # the task's own __init__ or check_config raised
         # something other than ConfigError (a 500 before: the breaker's task)
         errors.append({"loc": "task", "msg": _contract_msg(
             spec.task, "build", f"creating it with this spec's config raised {_exc(e)}")})
@@ -111,7 +111,7 @@ def check_paths(spec: StudySpec, fields: dict[str, trainers.FieldInfo] | None = 
     if fields is None:
         try:
             fields = _task_fields(trainers.get_task(spec.task))
-        except trainers.USER_CODE_ERRORS:  # noqa: BLE001 - unknown or broken: check_against_task says which
+        except trainers.USER_CODE_ERRORS:  # unknown or broken: check_against_task says which
             return
     paths = {name for name, info in fields.items() if info.path}
     locs = [f"config.{name}" for name in spec.config if name in paths]
@@ -189,7 +189,7 @@ class _ValueCheck:
                     trainers.TrainConfig, {**self.config, name: value}))
         except trainers.ConfigError as e:
             return e
-        except trainers.USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code, for this one value
+        except trainers.USER_CODE_ERRORS as e:  # the task's own code, for this one value
             return trainers.ConfigError(name, f"the task raised {_exc(e)} for this value (a "
                                               "task refuses a value with trainers.ConfigError)")
         return None
@@ -431,7 +431,7 @@ def most_planned_updates(spec: StudySpec, planned: int) -> int:
             try:
                 task, config = trainers.create(spec.task, {**spec.config, name: value})
                 most = max(most, trainers.planned_updates(task, config))
-            except trainers.USER_CODE_ERRORS:  # noqa: BLE001 - a value this task or config refuses
+            except trainers.USER_CODE_ERRORS:  # a value this task or config refuses
                 continue
     return most
 

@@ -32,13 +32,13 @@ def _task(name: str) -> TaskOut:
             cls = trainers.get_task(name)
         return TaskOut(name=name, objective=cls.objective, metrics=dict(cls.metrics),
                        options=_fields(cls.fields()))
-    except trainers.USER_CODE_ERRORS as e:  # noqa: BLE001 - an installed package may raise anything
+    except trainers.USER_CODE_ERRORS as e:  # an installed package may raise anything
         return TaskOut(name=name, objective=None, metrics={}, options=[],
                        error=public_message(f"{type(e).__name__}: {e}"))  # no module paths
 
 
 @functools.lru_cache(maxsize=4)
-def describe_tasks(targets: tuple[tuple[str, str], ...] = (), period: int = 0) -> TasksOut:
+def describe_tasks(targets: tuple[tuple[str, str], ...], period: int) -> TasksOut:
     """The tasks of ``targets`` (name, ``module:Class``), described once for each set of
     installed tasks and each ``ENTRY_POINTS_MAX_AGE_S`` period: a package installed,
     removed or mended while the service runs shows here as it does at study creation

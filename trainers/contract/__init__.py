@@ -103,7 +103,7 @@ def load_task(target: str) -> type[Task]:
     if ":" not in target:
         try:
             cls = get_task(target)
-        except USER_CODE_ERRORS as e:  # noqa: BLE001 - a user's package may raise anything
+        except USER_CODE_ERRORS as e:  # a user's package may raise anything
             raise TaskLoadError(_exc(e)) from e
     else:
         module_name, _, attr = target.partition(":")
@@ -112,7 +112,7 @@ def load_task(target: str) -> type[Task]:
         try:
             cls = functools.reduce(getattr, attr.split("."), importlib.import_module(
                 module_name))  # Outer.Inner, as trainers.load_task takes it
-        except USER_CODE_ERRORS as e:  # noqa: BLE001
+        except USER_CODE_ERRORS as e:
             raise TaskLoadError(f"cannot import {target!r}: {_exc(e)}") from e
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise TaskLoadError(f"{target!r} is not a trainers.Task subclass")
@@ -155,7 +155,7 @@ def check_task(task_cls: type[Task]) -> Iterator[RuleResult]:
         else:
             try:
                 result = body()
-            except USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code
+            except USER_CODE_ERRORS as e:  # the task's own code
                 result = RuleResult(rule, "FAIL", _METHODS[rule], f"raised {_exc(e)}")
         if not result.ok and not (rule == "metrics" and _loop_can_evaluate(task, evaluated)):
             failed.add(rule)

@@ -37,7 +37,7 @@ def _check_pickle(task_cls: type[Task]) -> RuleResult:
     for what, obj in (("the task", task), ("its options", task.options)):
         try:
             copy = pickle.loads(pickle.dumps(obj))
-        except USER_CODE_ERRORS as e:  # noqa: BLE001
+        except USER_CODE_ERRORS as e:
             return _fail("pickle", f"{what} cannot be pickled ({_exc(e)}). Fix: keep only "
                          "plain values in __init__ and Options (no locks, open files, "
                          "generators, lambdas); create such things in datasets/build_model")
@@ -61,7 +61,7 @@ def _check_build(task: Task) -> RuleResult:
         return _fail("build", "build_model must return an nn.Module with parameters")
     try:  # what a service bounds the model's size by (and study creation counts with)
         counted = task.parameter_count(config)
-    except USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code
+    except USER_CODE_ERRORS as e:  # the task's own code
         return _fail("build", f"parameter_count raised {_exc(e)}")
     built = sum(p.numel() for p in model.parameters())
     if counted != built:
@@ -110,7 +110,7 @@ def _check_bounds(task_cls: type[Task]) -> RuleResult:
             try:
                 task.datasets(0)
                 _meta_model(task)
-            except USER_CODE_ERRORS as e:  # noqa: BLE001
+            except USER_CODE_ERRORS as e:
                 return _fail("bounds", f"with {info.name}={value!r} (a documented bound): "
                              f"{_exc(e)}")
             tried += 1
@@ -242,7 +242,7 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
     try:
         _, val_set = task.datasets(config.seed)
         size = task.parameter_count(config.replace(device="cpu"))  # the meta device's count
-    except USER_CODE_ERRORS as e:  # noqa: BLE001 - the task's own code
+    except USER_CODE_ERRORS as e:  # the task's own code
         return [_fail("build", f"raised {_exc(e)}")]
     if len(val_set) == 0:
         return [_fail("build", "the validation dataset is empty")]
@@ -258,7 +258,7 @@ def creation_violations(task: Task, config: TrainConfig) -> list[RuleResult]:
             batch = _batch(task, val_set, 0, min(2, len(val_set)))
             sums = {k: float(v) for k, v in task.eval_sums(model, batch).items()}
         returned = set(task.eval_metrics(sums))
-    except USER_CODE_ERRORS as e:  # noqa: BLE001
+    except USER_CODE_ERRORS as e:
         return [_fail("metrics", f"evaluating raised {_exc(e)}")]
     if returned != set(task.metrics):
         return [_fail("metrics", f"the task declares {sorted(task.metrics)} but eval_metrics "
