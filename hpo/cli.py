@@ -156,30 +156,15 @@ def run(
     if result.best_number is None:
         out.print("no complete and feasible trial (every complete trial breaks a constraint)"
                   if c.complete and spec.constraints else "no complete trial")
-        if c.finished and c.failed == c.finished:  # helper-41: exit 0 hid a broken task
+        if result.all_failed_reason is not None:  # helper-41: exit 0 hid a broken task
             err.print(f"\n[bold red]error:[/] every trial failed; the first: "
-                      f"{escape(printable(_first_fail_reason(storage, result.name)))}",
-                      markup=True)
+                      f"{escape(printable(result.all_failed_reason))}", markup=True)
             raise typer.Exit(3)
         return
     out.print(f"best trial #{result.best_number}: {spec.objectives[0].metric} = "
               f"{result.best_value:.6g}")
     for name, value in (result.best_params or {}).items():
         out.print(f"  {name} = {value!r}")
-
-
-def _first_fail_reason(storage: str, name: str) -> str:
-    """The ``fail_reason`` of the study's first failed trial, or a pointer to where to look."""
-    import optuna
-
-    from hpo.storage import open_storage
-
-    try:
-        study = optuna.load_study(study_name=name, storage=open_storage(storage))
-        failed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-        return str(failed[0].user_attrs.get("fail_reason", "no reason recorded"))
-    except Exception:  # noqa: BLE001 - the summary above stands; this is a courtesy
-        return "see the failed trials' fail_reason (the dashboard, or Optuna's storage)"
 
 
 def _add_installed_commands() -> None:

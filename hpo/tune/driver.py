@@ -73,6 +73,8 @@ class StudyOutcome:
     pareto_front: list[tuple[int, list[float], dict]] = dataclasses.field(default_factory=list)
     # the budget.stop_when rule that ended the study before its budget (hpo.stopping)
     stop_reason: str | None = None
+    # the first FAIL trial's fail_reason, where every finished trial failed
+    all_failed_reason: str | None = None
 
 
 def build_trainable(spec: StudySpec, results_dir: Path):
@@ -416,9 +418,16 @@ def outcome(record: StudyRecord, stopped: bool = False, interrupted: bool = Fals
         best = best_single([t for t in record.study.get_trials(
             deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if feasible(t)],
             record.spec.objectives[0].direction == "maximize")
+    failed_reason = None
+    if counts.finished and counts.failed == counts.finished:
+        failed = record.study.get_trials(deepcopy=False,
+                                         states=(optuna.trial.TrialState.FAIL,))
+        failed_reason = str(failed[0].user_attrs.get("fail_reason", "no reason recorded")
+                            if failed else "no reason recorded")
     return StudyOutcome(name=record.spec.name, counts=counts, stopped=stopped,
                         interrupted=interrupted,
                         best_number=best.number if best else None,
                         best_value=best.value if best else None,
                         best_params=dict(best.params) if best else None,
-                        pareto_front=front, stop_reason=stop_reason)
+                        pareto_front=front, stop_reason=stop_reason,
+                        all_failed_reason=failed_reason)
